@@ -1,0 +1,128 @@
+"""The abstract cost graph the Frontier Tracking engine solves.
+
+A DAG of nodes; node ``v`` has ``K_v`` configurations, each with a cost vector
+``(time_s, memory_bytes)``; edge ``(u, v)`` has a ``(K_u, K_v, 2)`` table of cost vectors
+(re-layout time, and memory if any). Costs add over nodes and edges. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+N_OBJECTIVES = 2  # (time_s, memory_bytes)
+
+
+@dataclass(frozen=True)
+class CostGraph:
+    names: tuple[str, ...]
+    node_costs: tuple[np.ndarray, ...]            # node v: (K_v, 2)
+    edge_costs: dict[tuple[int, int], np.ndarray]  # (u, v): (K_u, K_v, 2)
+    # Identical repeated blocks: node indices of each block, positionally aligned.
+    blocks: tuple[tuple[int, ...], ...] = ()
+
+    @staticmethod
+    def build(
+        nodes: Sequence[tuple[str, np.ndarray]] | Sequence[np.ndarray],
+        edges: Iterable[tuple[int, int, np.ndarray]] = (),
+        blocks: Sequence[Sequence[int]] = (),
+    ) -> "CostGraph":
+        """Check and freeze a graph. ``nodes`` are ``(name, costs)`` pairs or bare cost arrays."""
+        names: list[str] = []
+        costs: list[np.ndarray] = []
+        for i, item in enumerate(nodes):
+            name, arr = item if isinstance(item, tuple) else (f"n{i}", item)
+            arr = np.array(arr, dtype=np.float64)
+            if arr.ndim != 2 or arr.shape[1] != N_OBJECTIVES:
+                raise ValueError(f"node {name!r}: costs must have shape (K, 2), got {arr.shape}")
+            if arr.shape[0] == 0:
+                raise ValueError(f"node {name!r}: empty configuration set")
+            _check_values(arr, f"node {name!r}")
+            arr.setflags(write=False)
+            names.append(name)
+            costs.append(arr)
+        if len(set(names)) != len(names):
+            raise ValueError("node names must be unique")
+        table: dict[tuple[int, int], np.ndarray] = {}
+        for u, v, arr in edges:
+            label = f"edge {names[u] if 0 <= u < len(names) else u!r}->{names[v] if 0 <= v < len(names) else v!r}"
+            if not (0 <= u < len(names) and 0 <= v < len(names)):
+                raise ValueError(f"{label}: endpoint out of range 0..{len(names) - 1}")
+            if u == v:
+                raise ValueError(f"{label}: self-loop")
+            arr = np.array(arr, dtype=np.float64)
+            want = (costs[u].shape[0], costs[v].shape[0], N_OBJECTIVES)
+            if arr.shape != want:
+                raise ValueError(f"{label}: table shape {arr.shape} does not match (K_u, K_v, 2) = {want}")
+            _check_values(arr, label)
+            if (u, v) in table:  # parallel edges: their costs add (OptCNN edge elimination)
+                arr = table[(u, v)] + arr
+            arr.setflags(write=False)
+            table[(u, v)] = arr
+        _check_acyclic(names, table)
+        graph = CostGraph(tuple(names), tuple(costs), table, tuple(tuple(b) for b in blocks))
+        if blocks:
+            from .blocks import check_blocks
+
+            check_blocks(graph)
+        return graph
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.names)
+
+    @property
+    def n_configs(self) -> tuple[int, ...]:
+        return tuple(c.shape[0] for c in self.node_costs)
+
+    @property
+    def n_assignments(self) -> int:
+        n = 1
+        for k in self.n_configs:
+            n *= k
+        return n
+
+    def cost(self, assignment: Sequence[int]) -> np.ndarray:
+        """The (time, memory) of one assignment (configuration index per node)."""
+        a = np.asarray(assignment, dtype=np.int64)
+        if a.shape != (self.n_nodes,):
+            raise ValueError(f"assignment must have {self.n_nodes} entries, got shape {a.shape}")
+        if np.any(a < 0) or np.any(a >= np.array(self.n_configs)):
+            raise ValueError("assignment index out of range")
+        total = np.zeros(N_OBJECTIVES)
+        for v, c in enumerate(a):
+            total += self.node_costs[v][c]
+        for (u, v), t in self.edge_costs.items():
+            total += t[a[u], a[v]]
+        return total
+
+
+def _check_values(arr: np.ndarray, label: str) -> None:
+    if np.isnan(arr).any():
+        raise ValueError(f"{label}: NaN cost")
+    if np.isinf(arr).any():
+        raise ValueError(f"{label}: infinite cost (drop the configuration instead)")
+    if (arr < 0).any():
+        raise ValueError(f"{label}: negative cost")
+
+
+def _check_acyclic(names: Sequence[str], edges: dict[tuple[int, int], np.ndarray]) -> None:
+    succ: dict[int, list[int]] = {}
+    indeg = [0] * len(names)
+    for u, v in edges:
+        succ.setdefault(u, []).append(v)
+        indeg[v] += 1
+    ready = [v for v in range(len(names)) if indeg[v] == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        for v in succ.get(u, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if seen != len(names):
+        on_cycle = [names[v] for v in range(len(names)) if indeg[v] > 0]
+        raise ValueError(f"the graph has a cycle through nodes {on_cycle[:8]}")

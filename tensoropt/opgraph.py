@@ -1,0 +1,112 @@
+"""The operator graph: what capture produces and the strategy space consumes.
+
+Plain frozen dataclasses, no torch. Every operator is described by an einsum-like
+``equation`` over named dimensions, one term per operand (activations first, then
+parameters) and one for the output, e.g. a linear layer ``"bsk,nk->bsn"``. A label
+missing from the output is a reduction dimension: splitting it leaves partial sums.
+Only labels in ``splittable`` may be split over a mesh axis (a softmax's reduced
+axis, a convolution's spatial dims and a norm's normalised axis may not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+FAMILIES = (
+    "linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
+    "embedding", "pool", "reduction", "loss", "other",
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: str = "float32"  # torch dtype name without the "torch." prefix
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        try:
+            return _ITEMSIZE[self.dtype]
+        except KeyError:
+            raise ValueError(f"unknown dtype {self.dtype!r}; known: {sorted(_ITEMSIZE)}") from None
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str                          # unique within the graph
+    family: str                        # one of FAMILIES
+    equation: str                      # "bsk,nk->bsn": one term per operand, then the output
+    operands: tuple[TensorSpec, ...]   # activation inputs first, then parameters, in equation order
+    param_names: tuple[str | None, ...]  # per operand: parameter FQN, or None for an activation
+    output: TensorSpec
+    splittable: str                    # labels that may be split over a mesh axis
+    flops_fwd: float
+    flops_bwd: float
+    saved_operands: tuple[int, ...] = ()  # operands autograd keeps for backward; -1 is the output
+    saved_extra_bytes: int = 0         # other saved tensors (masks, statistics), sharded like the output
+    module: str = ""                   # FQN of the innermost nn.Module that owns it
+    module_type: str = ""              # its class name, e.g. "Linear"
+    aten: tuple[str, ...] = ()         # the aten ops grouped into this operator
+
+    @property
+    def terms(self) -> tuple[tuple[str, ...], str]:
+        lhs, out = self.equation.split("->")
+        return tuple(lhs.split(",")), out
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(t.nbytes for t, p in zip(self.operands, self.param_names) if p is not None)
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: int       # producing operator (index into OpGraph.operators)
+    dst: int       # consuming operator
+    operand: int   # which operand of dst the tensor feeds
+    # For each dim of the consumer's operand: the producer output dim whose split carries
+    # over through the views between them (reshape, transpose), or None where a view merges
+    # or splits dims so that no split carries over.
+    dim_map: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    name: str
+    operators: tuple[Operator, ...]    # in topological order
+    edges: tuple[Edge, ...]
+    # Operator indices of identical repeated blocks (transformer layers), in order; () if none.
+    blocks: tuple[tuple[int, ...], ...] = ()
+    batch_size: int = 1
+    unsupported: tuple[str, ...] = field(default=())  # aten ops captured as family "other"
+
+    def params(self) -> dict[str, TensorSpec]:
+        """Unique parameters by FQN (a tied weight appears once)."""
+        out: dict[str, TensorSpec] = {}
+        for op in self.operators:
+            for t, p in zip(op.operands, op.param_names):
+                if p is not None:
+                    out.setdefault(p, t)
+        return out
+
+    @property
+    def param_count(self) -> int:
+        return sum(t.numel for t in self.params().values())
