@@ -1,0 +1,291 @@
+"""Synthetic cost graphs with the structure of real ones, for tests and benchmarks.
+
+Every generator is deterministic given ``seed`` (``np.random.default_rng(seed)``).
+
+Units are "nice" abstract numbers: times look like milliseconds (roughly 0.1 .. 100) and
+memories like MiB (roughly 1 .. 1000). The solvers do not care about units.
+
+How configurations are modelled (all generators): configuration ``c`` of a node has a
+split degree ``d`` in {1, 2, 4, 8}, an input layout and an output layout (small integer
+labels, think "replicated", "shard batch", "shard hidden", ...). Its node cost trades
+time against memory the way sharding does: compute time and parameter/activation memory
+shrink with ``d`` while communication time grows with it, times a little noise, so some
+configurations end up dominated and some not. An edge ``(u, v)`` costs nothing where
+``u``'s output layout matches ``v``'s input layout and a positive re-layout time
+elsewhere (depending on the pair of layouts and the tensor size); some edges also carry
+a small memory cost (a staging buffer) on mismatched pairs.
+
+``dyadic=True`` (the default) rounds every cost to a multiple of 1/64. All costs are then
+dyadic rationals of modest size, so every sum of them is exact in float64 whatever the
+order of addition: a solver's frontier can be compared with the brute-force frontier by
+exact equality (``np.array_equal``), not up to a tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costgraph import CostGraph
+
+__all__ = [
+    "transformer_graph",
+    "chain_graph",
+    "diamond_graph",
+    "residual_graph",
+    "attention_graph",
+    "random_dag",
+    "dyadic_round",
+    "TRANSFORMER_BLOCK",
+]
+
+N_LAYOUTS = 4
+_DEGREES = np.array([1, 2, 4, 8])
+DYADIC_DENOM = 64
+
+
+def dyadic_round(x: np.ndarray) -> np.ndarray:
+    """Round to the nearest multiple of 1/64 (costs stay >= 0)."""
+    return np.maximum(np.round(np.asarray(x, dtype=np.float64) * DYADIC_DENOM) / DYADIC_DENOM, 0.0)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One node's configurations: cost table plus the layouts the edges look at."""
+    costs: np.ndarray       # (K, 2)
+    in_layout: np.ndarray   # (K,)
+    out_layout: np.ndarray  # (K,)
+
+
+def _op(rng: np.random.Generator, k: int, compute: float, params: float, act: float, dyadic: bool) -> _Op:
+    """A node with ``k`` configurations; ``compute`` ~ time, ``params``/``act`` ~ memory."""
+    deg = rng.choice(_DEGREES, size=k)
+    deg[0] = 1  # always a "no split" configuration
+    in_l = rng.integers(0, N_LAYOUTS, size=k)
+    out_l = rng.integers(0, N_LAYOUTS, size=k)
+    in_l[0] = out_l[0] = 0  # ... with the replicated layout, so a matching pattern exists
+    # Sharded weights (layout != 0) save memory but need collectives.
+    sharded = out_l != 0
+    noise_t = rng.uniform(0.85, 1.2, size=k)
+    noise_m = rng.uniform(0.9, 1.15, size=k)
+    comm = np.where(deg > 1, 0.15 * act * np.log2(deg) * (1.0 + 0.5 * sharded), 0.0)
+    time = (compute / deg + comm) * noise_t
+    memory = (params / np.where(sharded, deg, 1) + act / deg) * noise_m
+    costs = np.stack([time, memory], axis=1)
+    if dyadic:
+        costs = dyadic_round(costs)
+    return _Op(costs, in_l, out_l)
+
+
+def _relayout_matrix(rng: np.random.Generator) -> np.ndarray:
+    """Per (output layout, input layout) re-layout time factor; zero on the diagonal."""
+    f = rng.uniform(0.2, 1.0, size=(N_LAYOUTS, N_LAYOUTS))
+    np.fill_diagonal(f, 0.0)
+    return f
+
+
+def _edge(
+    rng: np.random.Generator, src: _Op, dst: _Op, size: float, relayout: np.ndarray, dyadic: bool,
+    memory_prob: float = 0.3,
+) -> np.ndarray:
+    """Edge table: zero where layouts match, positive re-layout time elsewhere."""
+    lu = src.out_layout[:, None]
+    lv = dst.in_layout[None, :]
+    mismatch = lu != lv
+    time = np.where(mismatch, size * relayout[lu, lv] * rng.uniform(0.9, 1.1, size=mismatch.shape), 0.0)
+    memory = np.zeros_like(time)
+    if rng.random() < memory_prob:
+        memory = np.where(mismatch, 0.25 * size * rng.uniform(0.5, 1.0, size=mismatch.shape), 0.0)
+    table = np.stack([time, memory], axis=-1)
+    if dyadic:
+        table = dyadic_round(table)
+    return table
+
+
+def _ks(rng: np.random.Generator, k_range: tuple[int, int], n: int) -> np.ndarray:
+    lo, hi = int(k_range[0]), int(k_range[1])
+    if lo < 1 or hi < lo:
+        raise ValueError(f"k_range must satisfy 1 <= lo <= hi, got {k_range}")
+    return rng.integers(lo, hi + 1, size=n)
+
+
+# ---------------------------------------------------------------------- transformer
+
+# Positional order of one block's nodes: (name, compute, params, act).
+TRANSFORMER_BLOCK: tuple[tuple[str, float, float, float], ...] = (
+    ("ln1", 1.0, 0.5, 16.0),
+    ("q", 8.0, 32.0, 16.0),
+    ("k", 8.0, 32.0, 16.0),
+    ("v", 8.0, 32.0, 16.0),
+    ("attn", 24.0, 0.0, 64.0),
+    ("o_proj", 8.0, 32.0, 16.0),
+    ("add1", 0.5, 0.0, 16.0),
+    ("ln2", 1.0, 0.5, 16.0),
+    ("fc1", 32.0, 128.0, 64.0),
+    ("act", 2.0, 0.0, 64.0),
+    ("fc2", 32.0, 128.0, 16.0),
+    ("add2", 0.5, 0.0, 16.0),
+)
+# Intra-block edges by position, with the tensor size that flows along them.
+_BLOCK_EDGES: tuple[tuple[int, int, float], ...] = (
+    (0, 1, 16.0), (0, 2, 16.0), (0, 3, 16.0),   # ln1 -> q, k, v
+    (1, 4, 16.0), (2, 4, 16.0), (3, 4, 16.0),   # q, k, v -> attn
+    (4, 5, 16.0), (5, 6, 16.0),                  # attn -> o_proj -> add1
+    (6, 7, 16.0), (7, 8, 16.0), (8, 9, 64.0),    # add1 -> ln2 -> fc1 -> act
+    (9, 10, 64.0), (10, 11, 16.0),               # act -> fc2 -> add2
+    (6, 11, 16.0),                               # residual add1 -> add2
+)
+_BLOCK_IN = (0, 6)  # positions fed by the block input (ln1, and the residual into add1)
+_BLOCK_OUT = 11     # add2
+
+
+def transformer_graph(
+    n_blocks: int,
+    k_range: tuple[int, int] = (8, 36),
+    seed: int = 0,
+    identical_blocks: bool = True,
+    dyadic: bool = True,
+) -> CostGraph:
+    """A pre-LN transformer-shaped cost graph.
+
+    ``embedding -> n_blocks x [ln1 -> q, k, v -> attn -> o_proj -> add1 -> ln2 -> fc1 ->
+    act -> fc2 -> add2] -> ln_f -> head -> loss``, where ``ln1`` fans out to ``q, k, v``,
+    ``attn`` fans in from them, ``add1`` also takes the block input (residual) and ``add2``
+    also takes ``add1`` (residual). Node indices: ``embedding`` is 0, block ``i`` occupies
+    ``1 + 12 i .. 12 + 12 i`` in :data:`TRANSFORMER_BLOCK` order, then ``ln_f, head, loss``.
+    ``n_nodes == 12 * n_blocks + 4``.
+
+    Configuration counts are drawn from ``k_range`` (inclusive). With ``identical_blocks``
+    every block reuses the same node and edge tables (including the inter-block edges
+    ``add2_i -> ln1_{i+1}`` and ``add2_i -> add1_{i+1}``) and the graph declares
+    ``blocks=`` with each block's node indices in positional order.
+    """
+    if n_blocks < 1:
+        raise ValueError("n_blocks must be >= 1")
+    rng = np.random.default_rng(seed)
+    relayout = _relayout_matrix(rng)
+    nb = len(TRANSFORMER_BLOCK)
+
+    def make_block_ops() -> list[_Op]:
+        ks = _ks(rng, k_range, nb)
+        return [_op(rng, int(k), c, p, a, dyadic) for k, (_, c, p, a) in zip(ks, TRANSFORMER_BLOCK)]
+
+    def make_block_edges(ops: list[_Op]) -> list[np.ndarray]:
+        return [_edge(rng, ops[a], ops[b], s, relayout, dyadic) for a, b, s in _BLOCK_EDGES]
+
+    k_outer = _ks(rng, k_range, 4)
+    embed = _op(rng, int(k_outer[0]), 4.0, 256.0, 16.0, dyadic)
+    ln_f = _op(rng, int(k_outer[1]), 1.0, 0.5, 16.0, dyadic)
+    head = _op(rng, int(k_outer[2]), 32.0, 256.0, 128.0, dyadic)
+    loss = _op(rng, int(k_outer[3]), 4.0, 0.0, 128.0, dyadic)
+
+    block_ops: list[list[_Op]] = []
+    block_edges: list[list[np.ndarray]] = []
+    if identical_blocks:
+        ops0 = make_block_ops()
+        edges0 = make_block_edges(ops0)
+        # Inter-block edges (identical for every i): add2_i -> ln1_{i+1}, add2_i -> add1_{i+1}.
+        inter = [_edge(rng, ops0[_BLOCK_OUT], ops0[p], 16.0, relayout, dyadic) for p in _BLOCK_IN]
+        block_ops = [ops0] * n_blocks
+        block_edges = [edges0] * n_blocks
+    else:
+        for _ in range(n_blocks):
+            ops = make_block_ops()
+            block_ops.append(ops)
+            block_edges.append(make_block_edges(ops))
+
+    nodes: list[tuple[str, np.ndarray]] = [("embedding", embed.costs)]
+    edges: list[tuple[int, int, np.ndarray]] = []
+    blocks: list[tuple[int, ...]] = []
+    prev_out, prev_op = 0, embed
+    for i in range(n_blocks):
+        base = len(nodes)
+        idx = tuple(base + p for p in range(nb))
+        blocks.append(idx)
+        nodes += [(f"b{i}.{name}", op.costs) for (name, *_), op in zip(TRANSFORMER_BLOCK, block_ops[i])]
+        edges += [(idx[a], idx[b], t) for (a, b, _), t in zip(_BLOCK_EDGES, block_edges[i])]
+        for j, p in enumerate(_BLOCK_IN):
+            if i > 0 and identical_blocks:
+                t = inter[j]
+            else:
+                t = _edge(rng, prev_op, block_ops[i][p], 16.0, relayout, dyadic)
+            edges.append((prev_out, idx[p], t))
+        prev_out, prev_op = idx[_BLOCK_OUT], block_ops[i][_BLOCK_OUT]
+    n_lnf = len(nodes)
+    nodes += [("ln_f", ln_f.costs), ("head", head.costs), ("loss", loss.costs)]
+    edges.append((prev_out, n_lnf, _edge(rng, prev_op, ln_f, 16.0, relayout, dyadic)))
+    edges.append((n_lnf, n_lnf + 1, _edge(rng, ln_f, head, 16.0, relayout, dyadic)))
+    edges.append((n_lnf + 1, n_lnf + 2, _edge(rng, head, loss, 128.0, relayout, dyadic)))
+    return CostGraph.build(nodes, edges, blocks=blocks if identical_blocks and n_blocks > 1 else ())
+
+
+# ------------------------------------------------------------------- small builders
+
+
+def _from_structure(
+    names: list[str],
+    edge_list: list[tuple[int, int]],
+    k_range: tuple[int, int],
+    seed: int,
+    dyadic: bool,
+) -> CostGraph:
+    rng = np.random.default_rng(seed)
+    relayout = _relayout_matrix(rng)
+    ks = _ks(rng, k_range, len(names))
+    ops = []
+    for k in ks:
+        compute = float(rng.choice([1.0, 2.0, 4.0, 8.0, 16.0]))
+        params = float(rng.choice([0.0, 4.0, 16.0, 64.0]))
+        act = float(rng.choice([4.0, 16.0, 32.0]))
+        ops.append(_op(rng, int(k), compute, params, act, dyadic))
+    edges = [
+        (u, v, _edge(rng, ops[u], ops[v], float(rng.choice([4.0, 8.0, 16.0])), relayout, dyadic))
+        for u, v in edge_list
+    ]
+    return CostGraph.build(list(zip(names, (op.costs for op in ops))), edges)
+
+
+def chain_graph(n_nodes: int, k_range: tuple[int, int] = (2, 4), seed: int = 0, dyadic: bool = True) -> CostGraph:
+    """``n0 -> n1 -> ... -> n{n-1}``."""
+    names = [f"n{i}" for i in range(n_nodes)]
+    return _from_structure(names, [(i, i + 1) for i in range(n_nodes - 1)], k_range, seed, dyadic)
+
+
+def diamond_graph(k_range: tuple[int, int] = (2, 4), seed: int = 0, dyadic: bool = True) -> CostGraph:
+    """``src -> a, src -> b, a -> sink, b -> sink``."""
+    return _from_structure(["src", "a", "b", "sink"], [(0, 1), (0, 2), (1, 3), (2, 3)], k_range, seed, dyadic)
+
+
+def residual_graph(
+    n_blocks: int = 2, k_range: tuple[int, int] = (2, 4), seed: int = 0, dyadic: bool = True
+) -> CostGraph:
+    """``in -> [f -> g -> add, with a skip edge block-input -> add] x n_blocks``.
+
+    ``n_nodes == 1 + 3 * n_blocks``.
+    """
+    names = ["in"]
+    edges: list[tuple[int, int]] = []
+    prev = 0
+    for i in range(n_blocks):
+        f, g, add = len(names), len(names) + 1, len(names) + 2
+        names += [f"b{i}.f", f"b{i}.g", f"b{i}.add"]
+        edges += [(prev, f), (f, g), (g, add), (prev, add)]
+        prev = add
+    return _from_structure(names, edges, k_range, seed, dyadic)
+
+
+def attention_graph(k_range: tuple[int, int] = (2, 4), seed: int = 0, dyadic: bool = True) -> CostGraph:
+    """``x -> ln -> q, k, v -> attn -> o -> add``, plus the residual ``x -> add`` (8 nodes)."""
+    names = ["x", "ln", "q", "k", "v", "attn", "o", "add"]
+    edges = [(0, 1), (1, 2), (1, 3), (1, 4), (2, 5), (3, 5), (4, 5), (5, 6), (6, 7), (0, 7)]
+    return _from_structure(names, edges, k_range, seed, dyadic)
+
+
+def random_dag(
+    n_nodes: int, edge_prob: float = 0.3, k_range: tuple[int, int] = (2, 4), seed: int = 0, dyadic: bool = True
+) -> CostGraph:
+    """A random DAG: each pair ``i < j`` is an edge ``i -> j`` with probability ``edge_prob``."""
+    rng = np.random.default_rng(seed)
+    edges = [(i, j) for i in range(n_nodes) for j in range(i + 1, n_nodes) if rng.random() < edge_prob]
+    return _from_structure([f"n{i}" for i in range(n_nodes)], edges, k_range, int(rng.integers(2**31)), dyadic)
