@@ -194,6 +194,16 @@ def run_case(case: str, measure: bool) -> dict:
         loss.backward()
         return loss
 
+    # Recompute check: a child of a checkpointed block starts twice per step (forward + recompute;
+    # a pre-hook, since recomputation stops early once the last saved tensor is rebuilt).
+    probe = "layers.1.mlp" if name == "gpt-tiny" else None
+    calls = [0]
+    if probe is not None:
+        pmodel.get_submodule(probe).register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    step()
+    res["probe_calls_per_step"] = calls[0] if probe is not None else None
+    pmodel.zero_grad(set_to_none=True)
+
     if measure:
         res["collectives"] = count_collectives(step)
         pmodel.zero_grad(set_to_none=True)
