@@ -1,0 +1,245 @@
+"""Capture a PyTorch model's training step as an :class:`~tensoropt.opgraph.OpGraph`.
+
+``capture(model, inputs)`` exports ``model(*inputs)`` (whose forward returns the scalar loss)
+with ``torch.export`` on meta tensors -- a model built under ``torch.device("meta")`` is
+captured without allocating its parameters -- and turns the aten graph into operators.
+
+What becomes an operator, what is folded
+    * compute ops become operators: linear/addmm/mm/matmul/bmm/einsum ("linear" when an
+      operand is a parameter, else "matmul"), scaled_dot_product_attention ("attention"),
+      convolutions ("conv"), layer/rms/batch/group norms ("norm"), (log_)softmax, embedding,
+      pooling, reductions (sum/mean/amax/var...), losses (cross_entropy/nll/mse/...), and
+      pointwise ops incl. dropout, casts, cat/stack/repeat ("elementwise").
+    * all pointwise (and, in a module whose class name contains "norm", reduction) ops of one
+      call of a leaf module (no child modules) that expose a single result are fused into one
+      operator: a hand-written RMSNorm is one "norm" operator, a tanh-GELU module one
+      "elementwise" operator.
+    * views fold into edges: view/reshape/flatten/unflatten/transpose/permute/t/expand/
+      (un)squeeze/contiguous/clone/slice/select/split/chunk/unbind/getitem/same-dtype casts,
+      of activations and of parameters (a parameter seen through a view keeps its FQN and
+      appears with the viewed shape). ``Edge.dim_map`` gives, for each consumer-operand dim,
+      the producer output dim whose split carries over: view (b,s,h)->(b,s,n,d) maps n<-h
+      (the leading factor of a split dim inherits its sharding) and d<-None; a merge
+      (b,s,h)->(b*s,h) maps bs<-b; transposes permute; a partial slice or expanded dim <-None.
+    * constants (values computed only from buffers/constants/shapes, e.g. ``arange``, masks)
+      are not operators; a constant or buffer feeding an operator is an operand with no edge
+      (``param_names`` None), like a model input. Parameters are never operators.
+    * an op with no rule becomes family "other": replicated only (nothing splittable) and its
+      aten name is listed in ``OpGraph.unsupported``.
+
+Label conventions (only relative labels within one operator matter, except 'b')
+    'b' batch -- every dim that carries the model inputs' dim 0 (also when merged into b*s);
+    's','t','u'.. further leading (sequence) dims; 'k' contracted dim of a linear/matmul;
+    'n' output features of a linear ("bsk,nk,n->bsn"); 'i','j' rows/cols of an
+    activation-activation matmul ("bnik,bnkj->bnij"); attention "bnsd,bntd,bnte->bnse"
+    (n heads, s query / t key sequence, d qk head dim, e value head dim); 'h' hidden
+    (embedding "bs,vh->bsh" with 'v' vocabulary, layer norm "bsh,h,h->bsh"); conv
+    "bcxy,ocij,o->bopq" (c in / o out channels, x,y,z spatial, i,j,l kernel; an output spatial
+    dim keeps its input label when its size is unchanged); pooling "bcxy->bcpq"; loss
+    "bv,b->" (v classes). Within one operator a label always has one size: broadcast size-1
+    dims, strided spatial dims, concatenated dims get fresh labels, which are never splittable.
+
+Splittable labels (split with at most a partial-sum reduction)
+    linear/matmul: all (contracted -> partial sums); attention: batch, heads, query sequence;
+    softmax/layer/rms norm: all but the reduced axis; batch norm: batch (per-device statistics,
+    as DDP without SyncBatchNorm) and channels; group norm: batch; conv: batch, in and out
+    channels (groups == 1; else batch and out); embedding: all (vocab -> partial sums);
+    pooling: batch and channels; sum/mean: all; max/var/..: the kept dims; cross-entropy /
+    nll: batch and sequence (not classes); element-wise losses (mse, l1, bce): all dims.
+
+FLOPs
+    Measured per operator with ``torch.utils.flop_counter.FlopCounterMode`` by running the
+    operator's aten ops forward and backward on meta tensors (so matmul-like backward is
+    2x forward when input and weight both need grads, 1x when only one does; fused attention
+    backward counts 2.5x). Ops the counter doesn't count use per-element estimates
+    (``_build.ELEMENTWISE_FLOPS`` etc.) with backward = forward x ``NONMATMUL_BWD_RATIO``.
+
+Saved activations
+    The same meta run records what autograd saves (``saved_tensors_hooks``), matched to
+    operands / the output by storage; other saved tensors (masks, mean/rstd, logsumexp,
+    intermediates of a fused operator) go to ``saved_extra_bytes``. A tensor saved by several
+    operators is attributed to the first one only (storage-level identity: views share it;
+    a copying view such as a non-contiguous ``contiguous()`` makes a new tensor). Parameters,
+    buffers and constants are never counted. Attention is probed through the fused
+    flash/efficient kernels (saving q, k, v, out, logsumexp), not the math fallback.
+
+Blocks
+    Operators owned by ``{L}.{i}`` for an ``nn.ModuleList``/``nn.Sequential`` ``L`` (preferring
+    one named ``layers``) form ``OpGraph.blocks`` when every block has the same operator
+    sequence (family, equation, shapes, splittable, relative parameter names, edges).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..opgraph import OpGraph, Operator
+from ._build import Builder
+
+__all__ = ["capture", "CaptureError"]
+
+
+class CaptureError(ValueError):
+    """The model could not be captured (export failed or forward raised)."""
+
+
+_DATA_DEPENDENT = re.compile(
+    r"data.dependent|GuardOnDataDependent|DataDependent|\.item\(\)|cannot be called on meta|"
+    r"nonzero|Dynamic control flow|torch\.cond|unbacked", re.I)
+
+
+def _has_meta_state(model: nn.Module) -> bool:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.is_meta
+    return False
+
+
+def _prepare_inputs(model: nn.Module, inputs: tuple) -> tuple:
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    meta = _has_meta_state(model)
+    seen: set[int] = set()
+
+    def conv(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        dup = id(x) in seen
+        seen.add(id(x))
+        if meta:
+            # meta copy: shape, strides, dtype, requires_grad; no data is touched
+            y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        elif x.is_meta:
+            dev = next((t.device for t in model.parameters()), torch.device("cpu"))
+            y = torch.zeros(x.shape, dtype=x.dtype, device=dev)
+        elif dup:  # export would merge aliased inputs into one
+            y = x.detach().clone()
+        else:
+            return x
+        if x.requires_grad and (y.dtype.is_floating_point or y.dtype.is_complex):
+            y.requires_grad_(True)
+        return y
+
+    return tree_map(conv, inputs)
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip()
+    for line in msg.splitlines():
+        if line.strip():
+            return f"{type(e).__name__}: {line.strip()}"
+    return type(e).__name__
+
+
+def _export(model: nn.Module, inputs: tuple, name: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.export.export(model, inputs, strict=False)
+        except Exception as e:
+            first = _first_line(e)
+            chain = " ".join(f"{type(x).__name__} {x}" for x in (e, e.__cause__) if x is not None)
+            if _DATA_DEPENDENT.search(chain):
+                raise CaptureError(
+                    f"could not capture {name}: torch.export failed on data-dependent control flow "
+                    f"({first}). The forward branches or loops on tensor values, which capture "
+                    "cannot trace on meta tensors. Try: make the control flow static (depend on "
+                    "shapes or config, not tensor values), pass example inputs of the right shapes, "
+                    "or use torch.cond for a value-dependent branch.") from e
+            raise CaptureError(
+                f"could not capture {name}: the forward raised on the example inputs ({first}). "
+                "Check the inputs' shapes and dtypes against what the model expects (pass example "
+                "inputs of the right shapes); the forward must return the scalar loss.") from e
+
+
+def _names(ops: list[dict]) -> list[str]:
+    per_module: dict[str, int] = {}
+    for o in ops:
+        per_module[o["module"]] = per_module.get(o["module"], 0) + 1
+    used: set[str] = set()
+    count: dict[str, int] = {}
+    out = []
+    for o in ops:
+        if o["module"] and per_module[o["module"]] == 1 and o["leaf"]:
+            base = o["module"]
+        else:
+            base = f"{o['module']}:{o['short']}" if o["module"] else o["short"]
+        n = base
+        k = count.get(base, 0)
+        if k:
+            n = f"{base}_{k}"
+        while n in used:
+            k += 1
+            n = f"{base}_{k}"
+        count[base] = k + 1
+        used.add(n)
+        out.append(n)
+    return out
+
+
+def _blocks(model: nn.Module, ops: list[Operator], edges) -> tuple[tuple[int, ...], ...]:
+    cands = [(fqn, m) for fqn, m in model.named_modules()
+             if fqn and isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
+    cands.sort(key=lambda c: (c[0].rsplit(".", 1)[-1] != "layers", c[0].count(".")))
+    into: dict[int, list] = {}
+    for e in edges:
+        into.setdefault(e.dst, []).append(e)
+    for fqn, m in cands:
+        prefixes = [f"{fqn}.{k}" for k, _ in m.named_children()]
+        blocks: list[list[int]] = [[] for _ in prefixes]
+        for i, op in enumerate(ops):
+            for b, p in enumerate(prefixes):
+                if op.module == p or op.module.startswith(p + "."):
+                    blocks[b].append(i)
+                    break
+        if not blocks[0] or any(len(b) != len(blocks[0]) for b in blocks):
+            continue
+
+        def sig(b: int):
+            p = prefixes[b] + "."
+            pos = {i: k for k, i in enumerate(blocks[b])}
+            out = []
+            for i in blocks[b]:
+                op = ops[i]
+                es = tuple(sorted((e.operand, pos.get(e.src, -1), e.dim_map) for e in into.get(i, [])))
+                out.append((op.family, op.equation, op.operands, op.output, op.splittable,
+                            tuple(None if n is None else n.removeprefix(p) for n in op.param_names),
+                            op.module.removeprefix(prefixes[b]), op.aten, op.saved_operands,
+                            op.saved_extra_bytes, op.flops_fwd, op.flops_bwd, es))
+            return out
+
+        s0 = sig(0)
+        if all(sig(b) == s0 for b in range(1, len(blocks))):
+            return tuple(tuple(b) for b in blocks)
+    return ()
+
+
+def capture(model: nn.Module, inputs: tuple, *, name: str | None = None) -> OpGraph:
+    """Capture ``model(*inputs)`` (returning the training loss) as an operator graph.
+
+    Meta-device models are captured on meta inputs (real inputs are converted without
+    touching data); a real model with meta inputs gets zero-filled inputs on its device.
+    The batch size is dim 0 of the first tensor input; every input whose dim 0 has that
+    size is batched along dim 0. Raises :class:`CaptureError` when export fails.
+    """
+    name = name or type(model).__name__
+    inputs = _prepare_inputs(model, inputs)
+    flat = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+    batch_size = int(flat[0].shape[0]) if flat and flat[0].dim() > 0 else 1
+    ep = _export(model, inputs, name)
+    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    input_rg = {}
+    for s, t in zip(user_inputs, flat):
+        input_rg[s.arg.name] = bool(getattr(t, "requires_grad", False))
+    b = Builder(model, ep, batch_size, input_rg)
+    b.run()
+    names = _names(b.ops)
+    ops = [Operator(name=n, **{k: v for k, v in o.items() if k not in ("short", "leaf")})
+           for n, o in zip(names, b.ops)]
+    return OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
+                   blocks=_blocks(model, ops, b.edges), batch_size=batch_size,
+                   unsupported=tuple(b.unsupported))
