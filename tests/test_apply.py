@@ -176,8 +176,8 @@ def _is_zombie(pid: int) -> bool:
 
 # ----------------------------------------------------------------------------- multi-process
 
-CASES_2 = ["mlp_dp_replicate", "mlp_dp_fsdp", "mlp_dp_recompute", "mlp_tp", "mlp_explicit", "gpt_tp",
-           "gpt_tp_vocab", "gpt_tp_recompute", "cnn_dp_replicate", "cnn_dp_fsdp"]
+CASES_2 = ["mlp_dp_replicate", "mlp_dp_fsdp", "mlp_dp_zero2", "mlp_dp_recompute", "mlp_tp", "mlp_explicit",
+           "gpt_tp", "gpt_tp_vocab", "gpt_tp_recompute", "cnn_dp_replicate", "cnn_dp_fsdp"]
 MEASURE_2 = ["mlp_tp", "mlp_dp_fsdp", "mlp_dp_replicate"]
 CASES_4 = ["gpt_hybrid_fsdp", "gpt_hybrid_replicate", "gpt_hybrid_fsdp_recompute", "mlp_2d_explicit",
            "gpt_tp", "mlp_tp", "cnn_dp_fsdp"]

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from ..plan_types import ApplySpec
-from ._layout import apply_model_axes, describe_layout, model_axes
+from ._layout import apply_model_axes, describe_layout
 from ._validate import (
     check_world_size,
     ensure_process_group,

@@ -96,10 +96,11 @@ def build_spec(case: str, model, world: int) -> tuple[ApplySpec, str, str]:
     """Returns (spec, model name, reference kind: "global" or "per_shard")."""
     sig = param_signature(model)
     b2 = ("S(0)",)
-    if case in ("mlp_dp_replicate", "mlp_dp_fsdp", "mlp_dp_recompute", "cnn_dp_replicate", "cnn_dp_fsdp"):
+    if case in ("mlp_dp_replicate", "mlp_dp_fsdp", "mlp_dp_zero2", "mlp_dp_recompute", "cnn_dp_replicate",
+                "cnn_dp_fsdp"):
         name = "cnn-tiny" if case.startswith("cnn") else "mlp-tiny"
         return ApplySpec(name, sig, MeshSpec((world,), ("dp",)), (0,), (), (b2, b2),
-                         zero_stage=0 if case.endswith("replicate") else 3,
+                         zero_stage=0 if case.endswith("replicate") else 2 if case.endswith("zero2") else 3,
                          recompute=("layers.1",) if case.endswith("recompute") else ()), name, \
             ("per_shard" if name == "cnn-tiny" else "global")
     if case == "mlp_tp":
