@@ -17,7 +17,9 @@ What becomes an operator, what is folded
     * views fold into edges: view/reshape/flatten/unflatten/transpose/permute/t/expand/
       (un)squeeze/contiguous/clone/slice/select/split/chunk/unbind/getitem/same-dtype casts,
       of activations and of parameters (a parameter seen through a view keeps its FQN and
-      appears with the viewed shape). ``Edge.dim_map`` gives, for each consumer-operand dim,
+      appears with the viewed shape; a view that keeps only part of a parameter, e.g.
+      ``pos_emb.weight[:T]``, is instead an "elementwise" operator over the whole parameter,
+      so that ``OpGraph.params()`` sees its full size). ``Edge.dim_map`` gives, for each consumer-operand dim,
       the producer output dim whose split carries over: view (b,s,h)->(b,s,n,d) maps n<-h
       (the leading factor of a split dim inherits its sharding) and d<-None; a merge
       (b,s,h)->(b*s,h) maps bs<-b; transposes permute; a partial slice or expanded dim <-None.

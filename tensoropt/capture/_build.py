@@ -10,7 +10,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.export.graph_signature import InputKind
 
-from ..opgraph import Edge, Operator, TensorSpec
+from ..opgraph import Edge, TensorSpec
 from . import _rules as R
 from ._probe import ProbeInput, probe, signature
 from ._views import COPYING, SPLIT_VIEWS, VIEW_NAMES, identity, piece_map, view_map
@@ -466,7 +466,6 @@ class Builder:
             pr = probe(members, out_node, operands, pins)
             self._cache[key] = pr
         any_rg = any(p.requires_grad for p in pins)
-        numel_out = out_spec.numel
         if pr.ok and pr.flops_fwd > 0:
             ff, fb = pr.flops_fwd, pr.flops_bwd
         else:
@@ -506,7 +505,6 @@ class Builder:
             saved_operands=tuple(saved), saved_extra_bytes=int(extra), module=mod,
             module_type=mty, aten=tuple(aten_name(n) for n in members if self.kind[n] == "compute"),
             short=short, leaf=bool(mod) and self._module_info(mod, mty)[1]))
-        del numel_out
         for i, v in enumerate(ovals):
             if v.kind == "op":
                 self.edges.append(Edge(v.op, idx, i, tuple(v.dim_map)))
@@ -563,7 +561,7 @@ class Builder:
         if family in ("reduction", "loss", "pool"):
             base = max((v.spec.numel for v in ovals), default=out_spec.numel)
             f = base * _PER_ELEM[family]
-            return float(f), float(max(f, base if family == "embedding" else 0) * NONMATMUL_BWD_RATIO)
+            return float(f), float(f * NONMATMUL_BWD_RATIO)
         if family == "embedding":
             return 0.0, float(out_spec.numel)
         n_compute = sum(1 for n in members if self.kind[n] == "compute")

@@ -122,7 +122,7 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
                 pk = getattr(n.target, "_overloadpacket", None)
                 if len(nodes) == 1 and pk is aten.scaled_dot_product_attention:
                     res = _sdpa_fused(args, kwargs)
-                elif pk is aten.dropout and len(args) >= 3 and args[2]:
+                elif pk is aten.dropout and len(args) >= 3 and args[2] and 0 < args[1] < 1:
                     # the CPU composite saves a float mask; GPU kernels keep a bool mask
                     res = aten.native_dropout(args[0], args[1], True)[0]
                 env[n] = res if res is not None else n.target(*args, **kwargs)
