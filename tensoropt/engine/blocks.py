@@ -1,0 +1,112 @@
+"""Repeated structure: a chain of L identical blocks, solved once and composed in O(log L).
+
+Let X be the positions of a block whose nodes have edges into the next block. The
+*transfer factor* A(x_i, x_{i+1}) is the frontier table of one block's cost with
+everything but its X nodes folded out, given the X configuration of the block before.
+Read as a matrix over joint X configurations, the chain of blocks 1..L-1 is the product
+A^(L-1) under (∪, ⊕) — computed by repeated squaring, exact (:func:`chain_power`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costgraph import CostGraph
+
+
+def check_blocks(graph: CostGraph) -> None:
+    """Raise ValueError unless the declared blocks really are identical copies."""
+    blocks = graph.blocks
+    if len(blocks) < 2:
+        return
+    size = len(blocks[0])
+    seen: set[int] = set()
+    for b, block in enumerate(blocks):
+        if len(block) != size or size == 0:
+            raise ValueError(f"block {b} has {len(block)} nodes, block 0 has {size}")
+        for v in block:
+            if not 0 <= v < graph.n_nodes:
+                raise ValueError(f"block {b}: node index {v} out of range")
+            if v in seen:
+                raise ValueError(f"block {b}: node {graph.names[v]!r} is in two blocks")
+            seen.add(v)
+    for p in range(size):
+        ref = graph.node_costs[blocks[0][p]]
+        for b, block in enumerate(blocks[1:], 1):
+            if not np.array_equal(graph.node_costs[block[p]], ref):
+                raise ValueError(
+                    f"blocks are not identical: node {graph.names[block[p]]!r} (block {b}) differs "
+                    f"from {graph.names[blocks[0][p]]!r} (block 0)"
+                )
+    where = {v: (b, p) for b, block in enumerate(blocks) for p, v in enumerate(block)}
+    inside: dict[tuple[int, int, int], list[np.ndarray]] = {}
+    for (u, v), table in graph.edge_costs.items():
+        if u in where and v in where:
+            (bu, pu), (bv, pv) = where[u], where[v]
+            inside.setdefault((bv - bu, pu, pv), []).append((bu, table))
+    for (gap, pu, pv), found in inside.items():
+        expected = len(blocks) - abs(gap)
+        if gap in (0, 1) and len(found) != expected:
+            raise ValueError(
+                f"blocks are not identical: edge between positions {pu}->{pv} (block gap {gap}) "
+                f"appears {len(found)} times, expected {expected}"
+            )
+        for b, table in found[1:]:
+            if not np.array_equal(table, found[0][1]):
+                raise ValueError(f"blocks are not identical: edge table at positions {pu}->{pv} differs in block {b}")
+
+
+@dataclass(frozen=True)
+class ChainLayout:
+    """How a graph's blocks attach, when the chain can be composed by repeated squaring."""
+    blocks: tuple[tuple[int, ...], ...]
+    exits: tuple[int, ...]          # positions with edges into the next block (the X nodes)
+    interior: frozenset[int]        # nodes of blocks 1..L-1 that the chain factor folds out
+
+    @property
+    def first_exits(self) -> tuple[int, ...]:
+        return tuple(self.blocks[0][p] for p in self.exits)
+
+    @property
+    def last_exits(self) -> tuple[int, ...]:
+        return tuple(self.blocks[-1][p] for p in self.exits)
+
+
+def chain_layout(graph: CostGraph) -> ChainLayout | None:
+    """The chain layout, or None when edges attach the blocks in another way (then the
+    general solver handles the graph, still exactly)."""
+    blocks = graph.blocks
+    if len(blocks) < 2:
+        return None
+    where = {v: (b, p) for b, block in enumerate(blocks) for p, v in enumerate(block)}
+    last = len(blocks) - 1
+    exits: set[int] = set()
+    for (u, v) in graph.edge_costs:
+        bu, pu = where.get(u, (None, None))
+        bv, pv = where.get(v, (None, None))
+        if bu is not None and bv is not None:
+            if bv == bu:
+                continue
+            if bv != bu + 1:
+                return None
+            exits.add(pu)
+        elif bv is not None:          # outside -> block
+            if bv != 0:
+                return None
+        elif bu is not None:          # block -> outside
+            if bu == 0:
+                continue
+            if bu != last:
+                return None
+    if not exits:
+        return None
+    exits_t = tuple(sorted(exits))
+    # Edges from the last block to the outside must leave from exit positions.
+    for (u, v) in graph.edge_costs:
+        bu, pu = where.get(u, (None, None))
+        if bu == last and v not in where and pu not in exits:
+            return None
+    interior = frozenset(v for block in blocks[1:] for v in block) - frozenset(blocks[-1][p] for p in exits_t)
+    return ChainLayout(tuple(blocks), exits_t, interior)
