@@ -1,0 +1,111 @@
+"""Time of one operator's compute on one device: a roofline with size-dependent efficiency.
+
+    time_s = overhead_s + max(flops / (peak_flops · eff(flops)), bytes / (hbm_bytes_per_s · memory_efficiency))
+    eff(F) = eff_max · F / (F + flops_half)
+
+``eff`` rises from 0 for tiny problems to ``eff_max`` for large ones: best-shape BF16
+matmuls reach 87 % of peak on A100 SXM and 80 % on H100 SXM, while an H100 1024³ BF16
+matmul reaches only ~18 % (stas00/ml-engineering "MAMF", via shared/reference/costs.md).
+Each operator family has its own curve; the defaults below are fitted by hand to those
+figures and stay until a measured profile (``tensoropt.profile``) replaces them.
+``overhead_s`` is a per-call framework/launch cost, charged once per operator call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from .hardware import Device
+
+__all__ = ["EfficiencyCurve", "ComputeModel", "default_compute_model", "MATMUL_FAMILIES"]
+
+#: families whose FLOPs run on the matrix units; the rest are usually memory-bound
+MATMUL_FAMILIES = ("linear", "matmul", "attention", "conv")
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    eff_max: float          # achieved fraction of peak FLOP/s for large problems
+    flops_half: float       # per-call FLOPs at which eff reaches eff_max / 2
+    overhead_s: float = 0.0  # fixed cost per call
+
+    def __post_init__(self):
+        if not (0 < self.eff_max <= 1 and self.flops_half >= 0 and self.overhead_s >= 0):
+            raise ValueError(f"invalid efficiency curve {self}: need 0 < eff_max <= 1, flops_half >= 0, "
+                             "overhead_s >= 0")
+
+    def efficiency(self, flops: float) -> float:
+        if flops <= 0:
+            return self.eff_max
+        return self.eff_max * flops / (flops + self.flops_half)
+
+
+# MAMF figures (costs.md): A100 271/312 = 0.87, H100 794/989 = 0.80 at best shape; H100 1024³
+# (2.15e9 FLOPs) at 0.18 of peak gives flops_half ≈ 7.4e9 for eff_max 0.8.
+_MATMUL_EFF_MAX = 0.8
+_MATMUL_FLOPS_HALF = 7.4e9
+# Memory-bound families: most of their time is bytes over HBM bandwidth. PyTorch inductor's
+# roofline assumes a flat 75 % of peak for both terms (costs.md).
+_OTHER_EFF_MAX = 0.75
+_MEMORY_EFFICIENCY = 0.75
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """Per-family efficiency curves plus the achieved fraction of memory bandwidth."""
+    curves: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
+    default_curve: EfficiencyCurve = EfficiencyCurve(_OTHER_EFF_MAX, 0.0)
+    memory_efficiency: float = _MEMORY_EFFICIENCY
+    # Dtype the matmul FLOPs are priced at ("bf16", "fp32", ...); None = the operator's own dtype.
+    compute_dtype: str | None = None
+
+    def __post_init__(self):
+        if not 0 < self.memory_efficiency <= 1:
+            raise ValueError(f"memory_efficiency must be in (0, 1], got {self.memory_efficiency}")
+        object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
+
+    def curve(self, family: str) -> EfficiencyCurve:
+        return self.curves.get(family, self.default_curve)
+
+    def time_s(self, family: str, flops: float, nbytes: float, device: Device, dtype: str = "fp32") -> float:
+        """One call of an operator of ``family`` doing ``flops`` and moving ``nbytes`` on ``device``."""
+        curve = self.curve(family)
+        peak = device.peak_flops(self.compute_dtype or dtype)
+        t_flops = flops / (peak * curve.efficiency(flops)) if flops > 0 else 0.0
+        t_bytes = nbytes / (device.hbm_bytes_per_s * self.memory_efficiency) if nbytes > 0 else 0.0
+        return curve.overhead_s + max(t_flops, t_bytes)
+
+    def with_curves(self, **curves: EfficiencyCurve) -> "ComputeModel":
+        return replace(self, curves={**self.curves, **curves})
+
+    def to_dict(self) -> dict:
+        return {
+            "curves": {k: _curve_dict(c) for k, c in sorted(self.curves.items())},
+            "default_curve": _curve_dict(self.default_curve),
+            "memory_efficiency": self.memory_efficiency,
+            "compute_dtype": self.compute_dtype,
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping) -> "ComputeModel":
+        try:
+            return ComputeModel(
+                curves={k: EfficiencyCurve(**v) for k, v in d["curves"].items()},
+                default_curve=EfficiencyCurve(**d["default_curve"]),
+                memory_efficiency=float(d["memory_efficiency"]),
+                compute_dtype=d.get("compute_dtype"),
+            )
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a compute model: {err}") from None
+
+
+def _curve_dict(c: EfficiencyCurve) -> dict:
+    return {f.name: getattr(c, f.name) for f in fields(c)}
+
+
+def default_compute_model() -> ComputeModel:
+    """Datasheet-based defaults (see the module docstring for the figures)."""
+    matmul = EfficiencyCurve(_MATMUL_EFF_MAX, _MATMUL_FLOPS_HALF)
+    return ComputeModel(curves={f: matmul for f in MATMUL_FAMILIES})
