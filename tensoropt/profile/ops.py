@@ -1,0 +1,261 @@
+"""Operator micro-benchmarks: one ``OpCase`` per (family, op, shape), swept over sizes.
+
+FLOPs follow the operator graph's conventions: 2·m·n·k per GEMM (torch's flop counter),
+4·b·h·s²·d for attention forward, and for the non-matmul families the per-element counts of
+``tensoropt.capture`` (norm 5, softmax 5, elementwise 1, ... per element; embedding 0).
+``nbytes`` is operands read plus output written by one kernel call; for the embedding it is
+the rows gathered (not the whole table). A fwd+bwd GEMM run is 3 GEMMs of the same FLOPs and
+bytes (forward, input grad, weight grad), so it counts ``calls = 3``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["OpCase", "op_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops"]
+
+#: families the sweep covers (every family of the operator graph)
+FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
+                     "embedding", "pool", "reduction", "loss")
+_GEMM_CALLS_FWD_BWD = 3
+_INDEX_BYTES = 8          # int64 indices / targets
+
+
+def per_element_flops() -> dict[str, float]:
+    """Forward FLOPs per element of the non-matmul families, as the graph capture counts them."""
+    try:
+        from ..capture import _build as b
+        return {"elementwise": b.ELEMENTWISE_FLOPS, "norm": b.NORM_FLOPS, "softmax": b.SOFTMAX_FLOPS,
+                "reduction": b.REDUCTION_FLOPS, "pool": b.POOL_FLOPS, "loss": b.LOSS_FLOPS,
+                "embedding": b.EMBEDDING_FLOPS}
+    except (ImportError, AttributeError):   # the capture module moved: same figures, copied
+        return {"elementwise": 1, "norm": 5, "softmax": 5, "reduction": 1, "pool": 1, "loss": 4, "embedding": 0}
+
+
+@dataclass(frozen=True)
+class OpCase:
+    family: str
+    op: str
+    shape: tuple[int, ...]
+    flops: float                 # per kernel call
+    nbytes: float                # per kernel call
+    calls: int                   # kernel calls per timed run
+    alloc_bytes: float           # memory the case allocates (for the can-it-fit check)
+    build: Callable[[object, object], Callable[[], object]]   # (torch.device, dtype) -> fn
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}{list(self.shape)}"
+
+
+# ------------------------------------------------------------------------------ builders
+
+def _linear(m, k, n, backward):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        x = torch.randn(m, k, device=device, dtype=dtype, requires_grad=backward)
+        w = torch.randn(n, k, device=device, dtype=dtype, requires_grad=backward)
+        if not backward:
+            return lambda: F.linear(x, w)
+        gy = torch.randn(m, n, device=device, dtype=dtype)
+        return lambda: torch.autograd.grad(F.linear(x, w), (x, w), gy)
+    return build
+
+
+def _bmm(b, m, k, n, backward):
+    def build(device, dtype):
+        import torch
+        x = torch.randn(b, m, k, device=device, dtype=dtype, requires_grad=backward)
+        y = torch.randn(b, k, n, device=device, dtype=dtype, requires_grad=backward)
+        if not backward:
+            return lambda: torch.bmm(x, y)
+        g = torch.randn(b, m, n, device=device, dtype=dtype)
+        return lambda: torch.autograd.grad(torch.bmm(x, y), (x, y), g)
+    return build
+
+
+def _sdpa(b, h, s, d):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype) for _ in range(3))
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=False)
+    return build
+
+
+def _conv(n, cin, hw, cout, ks):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        x = torch.randn(n, cin, hw, hw, device=device, dtype=dtype)
+        w = torch.randn(cout, cin, ks, ks, device=device, dtype=dtype)
+        return lambda: F.conv2d(x, w, padding=ks // 2)
+    return build
+
+
+def _unary(fn_name, rows, cols):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        x = torch.randn(rows, cols, device=device, dtype=dtype)
+        if fn_name == "layer_norm":
+            w = torch.ones(cols, device=device, dtype=dtype)
+            bias = torch.zeros(cols, device=device, dtype=dtype)
+            return lambda: F.layer_norm(x, (cols,), w, bias)
+        if fn_name == "softmax":
+            return lambda: torch.softmax(x, dim=-1)
+        if fn_name == "gelu":
+            return lambda: F.gelu(x)
+        if fn_name == "add":
+            y = torch.randn(rows, cols, device=device, dtype=dtype)
+            return lambda: torch.add(x, y)
+        if fn_name == "sum":
+            return lambda: x.sum(dim=-1)
+        if fn_name == "cross_entropy":
+            t = torch.randint(0, cols, (rows,), device=device)
+            return lambda: F.cross_entropy(x, t)
+        if fn_name == "copy":
+            y = torch.empty_like(x)
+            return lambda: y.copy_(x)
+        raise ValueError(fn_name)
+    return build
+
+
+def _embedding(vocab, dim, count):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        w = torch.randn(vocab, dim, device=device, dtype=dtype)
+        idx = torch.randint(0, vocab, (count,), device=device)
+        return lambda: F.embedding(idx, w)
+    return build
+
+
+def _pool(n, c, hw):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        x = torch.randn(n, c, hw, hw, device=device, dtype=dtype)
+        return lambda: F.max_pool2d(x, 2)
+    return build
+
+
+# ------------------------------------------------------------------------------ sweeps
+
+def _linear_cases(s, quick):
+    squares = (32, 128, 512) if quick else (32, 64, 128, 256, 384, 512, 768, 1024)
+    gemv = ((1, 512, 512),) if quick else ((1, 1024, 1024), (1, 2048, 2048), (1, 4096, 4096), (4, 4096, 4096))
+    shapes = [(n, n, n) for n in squares] + list(gemv) + ([] if quick else [(256, 768, 3072), (1024, 1024, 256)])
+    out = []
+    for m, k, n in shapes:
+        flops = 2.0 * m * k * n
+        nbytes = float(m * k + n * k + m * n) * s
+        out.append(OpCase("linear", "linear_fwd", (m, k, n), flops, nbytes, 1, nbytes, _linear(m, k, n, False)))
+        if m >= 32:
+            out.append(OpCase("linear", "linear_fwd_bwd", (m, k, n), flops, nbytes, _GEMM_CALLS_FWD_BWD,
+                              2 * nbytes, _linear(m, k, n, True)))
+    return out
+
+
+def _matmul_cases(s, quick):
+    shapes = [(8, 32, 32, 32), (8, 128, 64, 128), (4, 256, 256, 256)] if quick else \
+        [(8, 16, 16, 16), (8, 32, 32, 32), (8, 64, 64, 64), (12, 128, 64, 128), (8, 128, 128, 128),
+         (8, 256, 256, 256), (4, 512, 512, 512), (48, 256, 64, 256), (1, 1, 4096, 4096)]
+    out = []
+    for b, m, k, n in shapes:
+        flops = 2.0 * b * m * k * n
+        nbytes = float(b * (m * k + k * n + m * n)) * s
+        out.append(OpCase("matmul", "bmm_fwd", (b, m, k, n), flops, nbytes, 1, nbytes, _bmm(b, m, k, n, False)))
+        if m >= 32 and b * m * k * n <= 2 ** 27:
+            out.append(OpCase("matmul", "bmm_fwd_bwd", (b, m, k, n), flops, nbytes, _GEMM_CALLS_FWD_BWD,
+                              2 * nbytes, _bmm(b, m, k, n, True)))
+    return out
+
+
+def _attention_cases(s, quick):
+    shapes = [(1, 4, 64, 32), (1, 4, 256, 64)] if quick else \
+        [(1, 4, 32, 64), (1, 8, 64, 64), (1, 8, 128, 64), (2, 8, 256, 64), (1, 12, 512, 64), (1, 8, 1024, 64)]
+    return [OpCase("attention", "sdpa", (b, h, sq, d), 4.0 * b * h * sq * sq * d, 4.0 * b * h * sq * d * s, 1,
+                   4.0 * b * h * sq * d * s + b * h * sq * sq * s, _sdpa(b, h, sq, d)) for b, h, sq, d in shapes]
+
+
+def _conv_cases(s, quick):
+    shapes = [(2, 8, 16, 8, 3), (4, 32, 32, 32, 3)] if quick else \
+        [(1, 3, 32, 16, 3), (8, 16, 32, 16, 3), (8, 32, 32, 32, 3), (8, 64, 16, 64, 3), (8, 128, 8, 128, 3),
+         (8, 64, 56, 64, 1), (4, 64, 56, 64, 3)]
+    out = []
+    for n, cin, hw, cout, ks in shapes:
+        flops = 2.0 * n * cout * hw * hw * cin * ks * ks
+        nbytes = float(n * cin * hw * hw + cout * cin * ks * ks + n * cout * hw * hw) * s
+        out.append(OpCase("conv", "conv2d", (n, cin, hw, cout, ks), flops, nbytes, 1, 2 * nbytes,
+                          _conv(n, cin, hw, cout, ks)))
+    return out
+
+
+def _rowwise_sizes(quick):
+    """(rows, cols) from 4 Ki to 16 Mi elements (quick: to 1 Mi)."""
+    cols = 1024
+    exps = (12, 16, 20) if quick else (10, 12, 14, 16, 18, 20, 22, 24)
+    return [(max(1, 2 ** e // cols), min(cols, 2 ** e)) for e in exps]
+
+
+def _pointwise_cases(s, quick):
+    fl = per_element_flops()
+    out = []
+    for rows, cols in _rowwise_sizes(quick):
+        numel = rows * cols
+        out.append(OpCase("norm", "layer_norm", (rows, cols), fl["norm"] * numel, (2.0 * numel + 2 * cols) * s, 1,
+                          2.0 * numel * s, _unary("layer_norm", rows, cols)))
+        out.append(OpCase("softmax", "softmax", (rows, cols), fl["softmax"] * numel, 2.0 * numel * s, 1,
+                          2.0 * numel * s, _unary("softmax", rows, cols)))
+        out.append(OpCase("elementwise", "gelu", (rows, cols), fl["elementwise"] * numel, 2.0 * numel * s, 1,
+                          2.0 * numel * s, _unary("gelu", rows, cols)))
+        out.append(OpCase("elementwise", "add", (rows, cols), fl["elementwise"] * numel, 3.0 * numel * s, 1,
+                          3.0 * numel * s, _unary("add", rows, cols)))
+        out.append(OpCase("reduction", "sum", (rows, cols), fl["reduction"] * numel, (numel + rows) * s, 1,
+                          1.0 * numel * s, _unary("sum", rows, cols)))
+    for rows, vocab in ([(8, 1024), (64, 8192)] if quick else
+                        [(8, 1024), (32, 4096), (128, 8192), (256, 32768), (512, 50304)]):
+        numel = rows * vocab
+        out.append(OpCase("loss", "cross_entropy", (rows, vocab), fl["loss"] * numel,
+                          numel * s + rows * _INDEX_BYTES + s, 1, 2.0 * numel * s, _unary("cross_entropy", rows, vocab)))
+    for n, c, hw in ([(1, 8, 16), (4, 32, 64)] if quick else
+                     [(1, 8, 16), (4, 16, 32), (8, 32, 56), (8, 64, 112), (16, 64, 112)]):
+        numel = n * c * hw * hw
+        out.append(OpCase("pool", "max_pool2d", (n, c, hw), fl["pool"] * numel, 1.25 * numel * s, 1,
+                          1.25 * numel * s, _pool(n, c, hw)))
+    vocab, dim = (8192, 256) if quick else (50304, 768)
+    for count in ((16, 1024, 8192) if quick else (16, 128, 1024, 4096, 16384)):
+        nbytes = float(count * _INDEX_BYTES + 2 * count * dim * s)
+        out.append(OpCase("embedding", "embedding", (vocab, dim, count), fl["embedding"] * count * dim, nbytes, 1,
+                          vocab * dim * s + nbytes, _embedding(vocab, dim, count)))
+    return out
+
+
+def op_cases(itemsize: int, quick: bool) -> list[OpCase]:
+    """Every operator benchmark, smallest first within each family."""
+    cases = (_linear_cases(itemsize, quick) + _matmul_cases(itemsize, quick) + _attention_cases(itemsize, quick)
+             + _conv_cases(itemsize, quick) + _pointwise_cases(itemsize, quick))
+    return cases
+
+
+def copy_cases(itemsize: int, quick: bool, min_stream_bytes: float) -> list[OpCase]:
+    """Copy probes; those of at least ``min_stream_bytes`` (beyond the caches) set the bandwidth."""
+    top = int(min_stream_bytes * (1 if quick else 4))
+    sizes = sorted({int(min_stream_bytes) // 16, int(min_stream_bytes), top})
+    out = []
+    for nbytes_one in sizes:
+        numel = max(1, nbytes_one // itemsize)
+        cols = 1024
+        rows = max(1, numel // cols)
+        numel = rows * cols
+        out.append(OpCase("copy", "copy", (rows, cols), 0.0, 2.0 * numel * itemsize, 1, 2.0 * numel * itemsize,
+                          _unary("copy", rows, cols)))
+    return out
+
+
+def peak_cases(quick: bool) -> list[int]:
+    """Square sizes for the per-dtype matmul peak probe."""
+    return [512] if quick else [512, 1024]
