@@ -1,0 +1,44 @@
+"""tensoropt: the time/memory Pareto frontier of parallel training plans for PyTorch models.
+
+    import tensoropt
+    f = tensoropt.frontier(model, devices="8xA100-80GB", inputs=(tokens, targets))
+    f.to_pandas(); f.plot()
+    plan = f.best(memory_budget="40GB")
+    model = tensoropt.parallelize(model, plan)      # under torchrun
+
+Names are loaded on first use, so ``import tensoropt.engine`` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "frontier": ("tensoropt.search", "frontier"),
+    "Frontier": ("tensoropt.search", "Frontier"),
+    "InfeasibleBudget": ("tensoropt.search", "InfeasibleBudget"),
+    "Plan": ("tensoropt.plan", "Plan"),
+    "parallelize": ("tensoropt.apply", "parallelize"),
+    "Cluster": ("tensoropt.mesh", "Cluster"),
+    "parse_devices": ("tensoropt.mesh", "parse_devices"),
+    "TrainingConfig": ("tensoropt.costmodel", "TrainingConfig"),
+    "CaptureError": ("tensoropt.capture", "CaptureError"),
+    "profile": ("tensoropt.profile", "profile"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tensoropt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,233 @@
+"""Analytical cost of one training iteration, per operator configuration and per edge.
+
+Time (seconds, one forward + backward, no overlap assumed):
+
+* compute — forward and backward FLOPs and bytes of the local shard, priced by the
+  :class:`~tensoropt.compute.ComputeModel` (work is divided by the mesh axes that split
+  some label; an axis that splits nothing repeats the work);
+* parameter-gradient all-reduce — a parameter replicated along an axis over which the
+  operator splits another label (batch, say) ends the step with partial gradients there;
+* re-layout on every edge (:func:`edge_cost_table`), per mesh axis, producer output
+  placement → consumer operand placement, forward and backward:
+
+  ===============  =======================  ======================================
+  producer→consumer forward                 backward
+  ===============  =======================  ======================================
+  R → R            —                         —
+  R → S            slice (free)              all-gather of the gradient
+  S(d) → S(d)      —                         —
+  S(d) → S(d')     all-to-all                all-to-all
+  S → R            all-gather                slice (free)
+  P → R            all-reduce                —
+  P → S            reduce-scatter            all-gather
+  ===============  =======================  ======================================
+
+  and when the consumer splits some label along the axis while this operand is
+  replicated there, the operand's gradient arrives as partial sums: an all-reduce
+  (reduce-scatter when the producer is sharded) in backward — Megatron's ``f``.
+
+Memory (bytes per device, resident at the peak at the end of the forward pass):
+parameters, gradients and optimizer state of the local parameter shard
+(:class:`TrainingConfig` gives bytes per parameter), plus the activations each operator
+saves for backward, sharded like the term they belong to. A parameter used by several
+operators (tied weights) is charged once, at its first user.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .collectives import CollectiveModel
+from .compute import ComputeModel, default_compute_model
+from .hardware import Device
+from .mesh import Mesh
+from .opgraph import Edge, Operator, OpGraph
+from .strategy import OpConfig, term_placements
+
+__all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS"]
+
+PRECISIONS = ("fp32", "bf16-mixed")
+OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
+
+# Bytes per parameter: (parameter, gradient, optimizer state). Mixed precision keeps an
+# fp32 master copy in the optimizer state: 2 + 2 + 12 = 16 for Adam (ZeRO paper, costs.md).
+_STATE_BYTES = {
+    ("fp32", "adam"): (4, 4, 8),
+    ("fp32", "sgd"): (4, 4, 0),
+    ("fp32", "sgd-momentum"): (4, 4, 4),
+    ("bf16-mixed", "adam"): (2, 2, 12),
+    ("bf16-mixed", "sgd"): (2, 2, 4),
+    ("bf16-mixed", "sgd-momentum"): (2, 2, 8),
+}
+_BACKWARD_BYTES_FACTOR = 2.0   # backward reads the forward's operands and writes their gradients
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    precision: str = "fp32"      # "fp32" or "bf16-mixed"
+    optimizer: str = "adam"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS}")
+
+    @property
+    def state_bytes_per_param(self) -> tuple[int, int, int]:
+        """(parameter, gradient, optimizer state) bytes per parameter."""
+        return _STATE_BYTES[(self.precision, self.optimizer)]
+
+    @property
+    def activation_itemsize(self) -> int:
+        return 2 if self.precision == "bf16-mixed" else 4
+
+    @property
+    def compute_dtype(self) -> str:
+        return "bf16" if self.precision == "bf16-mixed" else "fp32"
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    compute_s: float
+    comm_s: float
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    activation_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+@dataclass(frozen=True)
+class CostModel:
+    device: Device
+    compute: ComputeModel = field(default_factory=default_compute_model)
+    collectives: CollectiveModel = field(default_factory=CollectiveModel)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    # ------------------------------------------------------------------ nodes
+
+    def node_cost(self, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool = True) -> NodeCost:
+        """Cost of ``op`` in configuration ``cfg``; ``owns_params=False`` for a later user of a
+        tied parameter (its state is charged at the first user)."""
+        return _node_cost(self, op, cfg, mesh, owns_params)
+
+    def _scale(self, spec) -> float:
+        """Bytes of a captured float tensor at the training precision (integers keep theirs)."""
+        if spec.dtype.startswith("float") or spec.dtype.startswith("bfloat"):
+            return self.training.activation_itemsize / spec.itemsize
+        return 1.0
+
+    # ------------------------------------------------------------------ edges
+
+    def redistribute_s(self, nbytes: float, have: tuple[str, ...], want: tuple[str, ...],
+                       aligned: tuple[bool, ...], grad_partial: tuple[bool, ...], mesh: Mesh) -> float:
+        """Forward + backward time to move a tensor of ``nbytes`` (full size) from placements
+        ``have`` to ``want``; ``aligned[a]``: have and want shard the same dimension on axis a."""
+        return _redistribute_s(self.collectives, nbytes, have, want, aligned, grad_partial, mesh)
+
+
+def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool) -> NodeCost:
+    shape = mesh.shape
+    terms, out = op.terms
+    ws = cfg.work_shards(shape)
+    dtype = cm.training.compute_dtype
+    local_bytes = sum(spec.nbytes * cm._scale(spec) / cfg.shards(t, shape) for t, spec in zip(terms, op.operands))
+    local_bytes += op.output.nbytes * cm._scale(op.output) / cfg.shards(out, shape)
+    compute = (cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
+               + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
+                                   cm.device, dtype))
+    comm = 0.0
+    p_bytes = g_bytes = o_bytes = 0.0
+    bp, bg, bo = cm.training.state_bytes_per_param
+    for t, spec, pname in zip(terms, op.operands, op.param_names):
+        if pname is None:
+            continue
+        local_numel = spec.numel / cfg.shards(t, shape)
+        if owns_params:
+            p_bytes += bp * local_numel
+            g_bytes += bg * local_numel
+            o_bytes += bo * local_numel
+            for axis, s in enumerate(cfg.splits):
+                if s is not None and s not in t:
+                    comm += cm.collectives.time_s("all_reduce", bg * local_numel, mesh, axis)
+    act = 0.0
+    for i in op.saved_operands:
+        t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
+        act += spec.nbytes * cm._scale(spec) / cfg.shards(t, shape)
+    act += op.saved_extra_bytes * cm._scale(op.output) / cfg.shards(out, shape)
+    return NodeCost(compute, comm, p_bytes, g_bytes, o_bytes, act)
+
+
+def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:
+    total = 0.0
+    for a, (h, w) in enumerate(zip(have, want)):
+        p = mesh.shape[a]
+        if p == 1:
+            continue
+        # The other axes' sharding divides what this axis moves.
+        others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
+        n = nbytes / others
+        hs, ws = h.startswith("S"), w.startswith("S")
+        if h == "R" and ws:
+            total += col.time_s("all_gather", n, mesh, a)                      # backward
+        elif hs and ws and not aligned[a]:
+            total += 2 * col.time_s("all_to_all", n / p, mesh, a)
+        elif hs and w == "R":
+            total += col.time_s("all_gather", n, mesh, a)                      # forward
+        elif h == "P" and w == "R":
+            total += col.time_s("all_reduce", n, mesh, a)
+        elif h == "P" and ws:
+            total += col.time_s("reduce_scatter", n, mesh, a) + col.time_s("all_gather", n, mesh, a)
+        if grad_partial[a]:
+            kind = "reduce_scatter" if hs else "all_reduce"
+            total += col.time_s(kind, n, mesh, a)
+    return total
+
+
+@lru_cache(maxsize=None)
+def _dim_placement(p: str) -> int | None:
+    return int(p[2:-1]) if p.startswith("S(") else None
+
+
+def edge_cost_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
+                    dst_cfgs: list[OpConfig], mesh: Mesh) -> np.ndarray:
+    """``(K_src, K_dst, 2)`` table of (time_s, memory_bytes) for one edge."""
+    src, dst = graph.operators[edge.src], graph.operators[edge.dst]
+    s_terms, s_out = src.terms
+    contracted = "".join(c for t in s_terms for c in t if c not in s_out)
+    d_terms, _ = dst.terms
+    d_term = d_terms[edge.operand]
+    spec = dst.operands[edge.operand]
+    nbytes = spec.nbytes * cm._scale(spec)
+    have = [term_placements(c, s_out, contracted) for c in src_cfgs]
+    want = [term_placements(c, d_term) for c in dst_cfgs]
+    partial = [tuple(s is not None and s not in d_term for s in c.splits) for c in dst_cfgs]
+    h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}
+    w_keys = {w: i for i, w in enumerate(dict.fromkeys(zip(want, partial)))}
+    unique = np.zeros((len(h_keys), len(w_keys)))
+    for h, i in h_keys.items():
+        for (w, gp), j in w_keys.items():
+            aligned = tuple(_aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
+            unique[i, j] = cm.redistribute_s(nbytes, h, w, aligned, gp, mesh)
+    rows = np.array([h_keys[h] for h in have])
+    cols = np.array([w_keys[k] for k in zip(want, partial)])
+    table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
+    table[..., 0] = unique[np.ix_(rows, cols)]
+    return table
+
+
+def _aligned(have: str, want: str, dim_map: tuple[int | None, ...]) -> bool:
+    dh, dw = _dim_placement(have), _dim_placement(want)
+    return dh is not None and dw is not None and dw < len(dim_map) and dim_map[dw] == dh

@@ -1,0 +1,371 @@
+"""``tensoropt.frontier(model, devices)``: the time/memory Pareto frontier of training plans.
+
+Flow: capture the model (meta tensors) → for every mesh over the devices build the cost
+graph (``planner``) and solve it (``engine``) → merge the per-mesh frontiers into one →
+:class:`Frontier` of :class:`~tensoropt.plan.Plan` objects, plus reference plans (data
+parallel, Megatron-style tensor parallel) priced by the same cost model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .costmodel import CostModel, TrainingConfig
+from .engine import solve
+from .engine.pareto import prune_rows
+from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
+from .opgraph import OpGraph
+from .plan import OpChoice, Plan
+from .planner import MeshProblem, build_problem
+from .strategy import label_sizes, term_placements
+from .units import format_bytes, parse_bytes
+
+__all__ = ["Frontier", "InfeasibleBudget", "frontier", "plan_from_assignment", "distinct_meshes"]
+
+
+class InfeasibleBudget(ValueError):
+    """No plan fits the memory budget."""
+
+
+@dataclass
+class Frontier:
+    """Pareto-optimal plans sorted by time ascending (memory strictly descending)."""
+    model: str
+    devices: str
+    plans: list[Plan]
+    reference: dict[str, Plan] = field(default_factory=dict)
+    device_memory_bytes: float = float("inf")
+    stats: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def __iter__(self):
+        return iter(self.plans)
+
+    def __getitem__(self, i: int) -> Plan:
+        return self.plans[i]
+
+    @property
+    def times_s(self) -> np.ndarray:
+        return np.array([p.time_s for p in self.plans])
+
+    @property
+    def memories_bytes(self) -> np.ndarray:
+        return np.array([p.memory_bytes for p in self.plans])
+
+    def min_time(self) -> Plan:
+        return self.plans[0]
+
+    def min_memory(self) -> Plan:
+        return self.plans[-1]
+
+    def best(self, memory_budget: int | float | str | None = None) -> Plan:
+        """The fastest plan whose per-device memory fits ``memory_budget`` (bytes or "40GB");
+        by default the device's own memory."""
+        budget = self.device_memory_bytes if memory_budget is None else parse_bytes(memory_budget)
+        fits = [p for p in self.plans if p.memory_bytes <= budget]
+        if not fits:
+            least = self.plans[-1]
+            raise InfeasibleBudget(
+                f"no plan for {self.model} on {self.devices} fits {format_bytes(budget)} per device; "
+                f"the minimum achievable is {format_bytes(least.memory_bytes)} "
+                f"({least.memory_bytes:.0f} bytes, plan {least.summary} on mesh {least.mesh}). "
+                "Raise the budget, add devices, or lower the batch size.")
+        return fits[0]
+
+    def to_pandas(self):
+        import pandas as pd
+
+        rows = []
+        for p in self.plans:
+            rows.append(_row(p, self.device_memory_bytes))
+        return pd.DataFrame(rows)
+
+    def references_to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame([dict(_row(p, self.device_memory_bytes), label=name)
+                             for name, p in self.reference.items()])
+
+    def plot(self, ax=None, memory_budget=None, **kw):
+        """The trade-off curve with reference plans marked (matplotlib Axes)."""
+        from .plots import plot_frontier
+
+        return plot_frontier(self, ax=ax, memory_budget=memory_budget, **kw)
+
+    def __repr__(self) -> str:
+        return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
+                f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
+                f"{format_bytes(self.plans[0].memory_bytes)}..{format_bytes(self.plans[-1].memory_bytes)})")
+
+
+def _row(p: Plan, device_memory: float) -> dict:
+    b = p.breakdown
+    return {
+        "time_s": p.time_s,
+        "memory_bytes": p.memory_bytes,
+        "time_ms": p.time_s * 1e3,
+        "memory_gib": p.memory_bytes / 2**30,
+        "mesh": p.mesh,
+        "summary": p.summary,
+        "fits_device": p.memory_bytes <= device_memory,
+        **{k: v for k, v in b.items()},
+    }
+
+
+# ---------------------------------------------------------------------------------- search
+
+
+def distinct_meshes(cluster: Cluster, max_dims: int = 3) -> list[Mesh]:
+    """Meshes over the cluster, keeping one of each set that differ only by the order of axes
+    with the same size and link (their frontiers are identical)."""
+    seen, out = set(), []
+    for m in enumerate_meshes(cluster, max_dims=max_dims):
+        key = tuple(sorted((s, link.name) for s, link in zip(m.shape, m.links)))
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
+
+
+def frontier(
+    model: Any,
+    devices: str | Cluster = "8xA100-80GB",
+    inputs: Sequence[Any] | None = None,
+    *,
+    batch_size: int | None = None,
+    precision: str | None = None,
+    optimizer: str = "adam",
+    profile: str | None = None,
+    epsilon: float = 0.0,
+    max_mesh_dims: int = 3,
+    time_limit_s: float | None = None,
+    progress: bool | None = None,
+    references: bool = True,
+) -> Frontier:
+    """The Pareto frontier of (per-iteration time, per-device peak memory) over training plans.
+
+    ``model``: an ``nn.Module`` whose ``forward(*inputs)`` returns the loss (build it under
+    ``torch.device("meta")`` to plan without allocating), or a zoo name such as ``"gpt2"``.
+    ``devices``: ``"8xA100-80GB"``, ``"4x8xH100"``, ``"cpu:4"`` or a :class:`Cluster`.
+    ``precision``: ``"bf16-mixed"`` (default on GPUs) or ``"fp32"`` (default on CPU).
+    ``profile``: path of a measured profile (``tensoropt profile``) to price compute and
+    collectives with. ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
+    """
+    start = time.monotonic()
+    cluster = parse_devices(devices)
+    graph, module = _capture(model, inputs, batch_size)
+    if precision is None:
+        precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
+    cost_model = _cost_model(cluster, TrainingConfig(precision, optimizer), profile)
+    meshes = distinct_meshes(cluster, max_mesh_dims)
+    signature = _param_signature(module)
+    plans: list[Plan] = []
+    problems: list[MeshProblem] = []
+    points, owners_ = [], []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(meshes, desc="meshes", disable=not _show(progress), leave=False)
+    for mesh in bar:
+        bar.set_postfix_str(str(mesh))
+        problem = build_problem(graph, mesh, cost_model)
+        remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
+        result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress)
+        problems.append(problem)
+        for i, (pt, a) in enumerate(zip(result.points, result.assignments)):
+            points.append(pt)
+            owners_.append((len(problems) - 1, a))
+    pts = np.array(points)
+    _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
+    keep = [int(s) for s in src[0] if s >= 0]
+    ctx = _Context(graph, cluster, cost_model, signature, epsilon, devices if isinstance(devices, str) else str(cluster))
+    for s in keep:
+        m, a = owners_[s]
+        plans.append(plan_from_assignment(ctx, problems[m], a))
+    refs = _reference_plans(ctx, problems) if references else {}
+    stats = {"search_s": time.monotonic() - start, "meshes": [str(p.mesh) for p in problems],
+             "operators": len(graph.operators), "candidates": len(points),
+             "unsupported_ops": list(graph.unsupported)}
+    return Frontier(graph.name, ctx.devices, plans, refs, float(cluster.device.memory_bytes), stats)
+
+
+def _show(progress: bool | None) -> bool:
+    import sys
+
+    return progress if progress is not None else sys.stderr.isatty()
+
+
+def _capture(model, inputs, batch_size) -> tuple[OpGraph, Any]:
+    import torch
+
+    from .capture import capture
+
+    if isinstance(model, str):
+        from .models import example_inputs, get_model
+
+        name = model
+        if inputs is None:
+            inputs = example_inputs(name, batch_size)
+        model = get_model(name)
+        return capture(model, tuple(inputs), name=name), model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
+    if inputs is None:
+        raise ValueError("pass example inputs: tensoropt.frontier(model, devices, inputs=(x, ...)); "
+                         "meta tensors are fine (torch.empty(shape, device='meta'))")
+    if batch_size is not None:
+        raise ValueError("batch_size applies to zoo model names; for a module, size the example inputs")
+    return capture(model, tuple(inputs)), model
+
+
+def _param_signature(module) -> str:
+    from .apply._validate import param_signature
+
+    return param_signature(module)
+
+
+def _cost_model(cluster: Cluster, training: TrainingConfig, profile: str | None) -> CostModel:
+    if profile is None:
+        return CostModel(cluster.device, training=training)
+    from .profile import load_for_planning
+
+    device, compute, collectives = load_for_planning(profile, cluster)
+    return CostModel(device, compute, collectives, training)
+
+
+# ---------------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class _Context:
+    graph: OpGraph
+    cluster: Cluster
+    cost_model: CostModel
+    param_signature: str
+    epsilon: float
+    devices: str
+
+
+def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequence[int], label: str = "") -> Plan:
+    """Price one assignment (configuration index per operator) into a :class:`Plan`."""
+    graph, mesh = ctx.graph, problem.mesh
+    a = [int(x) for x in assignment]
+    relayout = np.zeros(len(a))
+    for (u, v), table in problem.cost_graph.edge_costs.items():
+        relayout[v] += table[a[u], a[v], 0]
+    ops, totals = [], dict(compute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0, grad_bytes=0.0,
+                           optimizer_bytes=0.0, activation_bytes=0.0)
+    for i, op in enumerate(graph.operators):
+        cfg = problem.configs[i][a[i]]
+        cost = problem.node_costs[i][a[i]]
+        terms, out = op.terms
+        contracted = "".join(c for t in terms for c in t if c not in out)
+        ops.append(OpChoice(op.name, op.module, op.family, str(cfg), ",".join(term_placements(cfg, out, contracted)),
+                            cost.compute_s, cost.comm_s, float(relayout[i]),
+                            cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, cost.activation_bytes))
+        totals["compute_s"] += cost.compute_s
+        totals["comm_s"] += cost.comm_s
+        totals["param_bytes"] += cost.param_bytes
+        totals["grad_bytes"] += cost.grad_bytes
+        totals["optimizer_bytes"] += cost.optimizer_bytes
+        totals["activation_bytes"] += cost.activation_bytes
+    totals["relayout_s"] = float(relayout.sum())
+    t, m = problem.cost_graph.cost(a)
+    tr = ctx.cost_model.training
+    return Plan(graph.name, ctx.devices, mesh.shape, tuple(link.name for link in mesh.links), float(t), float(m),
+                summarize(graph, problem, a), tuple(ops), totals,
+                {"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
+                ctx.param_signature, label, ctx.epsilon)
+
+
+def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:
+    """Per mesh axis its role: ``dp`` when every batched operator splits the batch over it,
+    ``tp`` when weight-carrying operators split weights over it, ``rep`` when nothing is
+    split, else ``mix``; e.g. ``dp2·tp4``."""
+    parts = []
+    for axis, size in enumerate(problem.mesh.shape):
+        splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment)]
+        batched = [s for op, s in zip(graph.operators, splits) if "b" in label_sizes(op)]
+        weighted = [s for op, s in zip(graph.operators, splits)
+                    if op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)]
+        if all(s is None for s in splits):
+            role = "rep"
+        elif batched and all(s == "b" for s in batched):
+            role = "dp"
+        elif weighted and sum(s not in (None, "b") for s in weighted) * 2 >= len(weighted):
+            role = "tp"
+        elif batched and sum(s == "b" for s in batched) * 2 >= len(batched):
+            role = "dp~"
+        else:
+            role = "mix"
+        parts.append(f"{role}{size}")
+    return "·".join(parts)
+
+
+# ---------------------------------------------------------------------------------- references
+
+_COLUMN = ("q_proj", "k_proj", "v_proj", "fc1", "gate_proj", "up_proj", "query", "key", "value", "c_fc")
+_ROW = ("o_proj", "fc2", "down_proj", "out_proj", "c_proj")
+
+
+def _megatron_choice(op, cfg_splits_axis: str | None) -> bool:
+    """Whether an operator's split on the tensor-parallel axis is Megatron's."""
+    leaf = op.module.rsplit(".", 1)[-1]
+    if op.family == "linear":
+        if leaf in _COLUMN:
+            return cfg_splits_axis == "n"
+        if leaf in _ROW:
+            return cfg_splits_axis == "k"
+        return cfg_splits_axis is None
+    if op.family == "attention":
+        return cfg_splits_axis == "n"
+    return True
+
+
+def _reference_plans(ctx: _Context, problems: list[MeshProblem]) -> dict[str, Plan]:
+    refs: dict[str, Plan] = {}
+    graph = ctx.graph
+    for problem in problems:
+        mesh = problem.mesh
+        if mesh.ndim == 1:
+            a = []
+            for i, op in enumerate(graph.operators):
+                cfgs = problem.configs[i]
+                want = [j for j, c in enumerate(cfgs) if c.splits == ("b",)]
+                a.append(want[0] if want else 0)
+            refs["data parallel"] = plan_from_assignment(ctx, problem, a, "data parallel")
+        if mesh.ndim <= 2:
+            tp_axis = mesh.ndim - 1
+            allowed = []
+            for i, op in enumerate(graph.operators):
+                ok = []
+                for j, c in enumerate(problem.configs[i]):
+                    dp_ok = mesh.ndim == 1 or c.splits[0] == ("b" if _has_b(problem, i) else None)
+                    if dp_ok and _megatron_choice(op, c.splits[tp_axis]):
+                        ok.append(j)
+                allowed.append(ok or [0])
+            a = _restricted_min_time(problem, allowed)
+            dp = mesh.shape[0] if mesh.ndim == 2 else 1
+            name = f"megatron dp{dp}·tp{mesh.shape[tp_axis]}"
+            refs[name] = plan_from_assignment(ctx, problem, a, name)
+    return refs
+
+
+def _has_b(problem: MeshProblem, i: int) -> bool:
+    return any(c.splits[0] == "b" for c in problem.configs[i])
+
+
+def _restricted_min_time(problem: MeshProblem, allowed: list[list[int]]) -> list[int]:
+    from .engine import CostGraph
+
+    cg = problem.cost_graph
+    nodes = [(n, c[idx]) for n, c, idx in zip(cg.names, cg.node_costs, allowed)]
+    edges = [(u, v, t[np.ix_(allowed[u], allowed[v])]) for (u, v), t in cg.edge_costs.items()]
+    sub = CostGraph.build(nodes, edges, blocks=cg.blocks)
+    res = solve(sub)
+    return [allowed[v][c] for v, c in enumerate(res.assignments[0])]
