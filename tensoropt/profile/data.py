@@ -102,6 +102,9 @@ class FittedCurve:
     rel_error_max: float
     overhead_resolved: bool = True  # False: the data did not need an overhead (set to 0; see fit.py)
 
+    def __post_init__(self):
+        self.curve()      # validates eff_max, flops_half, overhead_s
+
     def curve(self) -> EfficiencyCurve:
         return EfficiencyCurve(self.eff_max, self.flops_half, self.overhead_s)
 
@@ -125,6 +128,11 @@ class FittedCollective:
     rel_error_median: float
     rel_error_max: float
     per_group: tuple[GroupFit, ...] = ()   # the same fit on each group size alone
+
+    def __post_init__(self):
+        if not (self.latency_s >= 0 and self.bandwidth_bytes_per_s > 0):
+            raise ValueError(f"invalid collective fit: latency_s {self.latency_s} must be >= 0 and "
+                             f"bandwidth_bytes_per_s {self.bandwidth_bytes_per_s} > 0")
 
     def for_group(self, group_size: int | None) -> tuple[float, float]:
         if group_size is None:
@@ -151,6 +159,13 @@ class Profile:
     collective_measurements: tuple[CollectiveMeasurement, ...] = ()
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if self.dtype not in self.peak_flops_per_s:
+            raise ValueError(f"profile has no peak FLOP/s for its benchmark dtype {self.dtype!r}")
+        if not (all(v > 0 for v in self.peak_flops_per_s.values()) and self.hbm_bytes_per_s > 0
+                and 0 < self.memory_efficiency <= 1):
+            raise ValueError("profile peak FLOP/s and bandwidth must be > 0, memory_efficiency in (0, 1]")
 
     # ------------------------------------------------------------------ models
     def compute_model(self) -> ComputeModel:

@@ -38,8 +38,8 @@ _TINY_S = 1e-12
 #: largest efficiency: the peak is the best achieved rate
 _EFF_MAX_BOUND = 1.0
 _EFF_MIN_BOUND = 1e-6
-#: a point counts as bound by one term when that term exceeds the other by this factor
-_BINDING_MARGIN = 1.0
+#: relative cost increase accepted for the canonical point of a degenerate fit
+_TIE_TOLERANCE = 1e-6
 _HUGE_BANDWIDTH = 1e300
 #: the overhead is fitted only if leaving it out raises the squared log error by more than this
 _OVERHEAD_COST_TOLERANCE = 0.1
@@ -95,16 +95,18 @@ def fit_efficiency_curve(points: Sequence[ComputePoint], peak_flops_per_s: float
     # off exactly against flops_half, and under a large memory term it is lost in the noise.
     needs_overhead = no_overhead.cost > free.cost * (1 + _OVERHEAD_COST_TOLERANCE) + _COST_FLOOR
     e, fh, o = free.params if needs_overhead else no_overhead.params
-    _, comp_bound = _binding(F, B, e, fh, peak_flops_per_s, mem)
-    if not comp_bound.any():
-        e, fh = _EFF_MAX_BOUND, 0.0      # the compute term never binds: make it as small as it can be
+    chosen = free if needs_overhead else no_overhead
+    # When the compute term never binds (or only ties with the memory term), eff_max and
+    # flops_half are unconstrained: take the smallest compute term, which fits as well.
+    if _log_cost(F, B, T, _EFF_MAX_BOUND, 0.0, o, peak_flops_per_s, mem) <= chosen.cost * (1 + _TIE_TOLERANCE) \
+            + _COST_FLOOR:
+        e, fh = _EFF_MAX_BOUND, 0.0
     return _finish(F, B, T, e, fh, o, peak_flops_per_s, mem, overhead_resolved=needs_overhead)
 
 
-def _binding(F, B, e, fh, peak, mem):
-    t_c = np.where(F > 0, (F + fh) / (peak * e), 0.0)
-    t_m = B / mem
-    return t_m > t_c * _BINDING_MARGIN, t_c > t_m * _BINDING_MARGIN
+def _log_cost(F, B, T, e, fh, o, peak, mem) -> float:
+    r = np.log(curve_time_s(F, B, e, fh, o, peak, mem)) - np.log(T)
+    return 0.5 * float(np.sum(r * r))
 
 
 def _fit_overhead_only(t_mem, T) -> float:
