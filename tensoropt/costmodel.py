@@ -166,7 +166,10 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
         act += spec.nbytes * cm._scale(spec) / cfg.shards(t, shape)
-    act += op.saved_extra_bytes * cm._scale(op.output) / cfg.shards(out, shape)
+    # Extras (masks, statistics) are sharded like the output; a loss's scalar output has no
+    # dims, and its extras (the log-softmax) are shaped like its first input.
+    extra_term = out or terms[0]
+    act += op.saved_extra_bytes * cm._scale(op.output) / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, p_bytes, g_bytes, o_bytes, act)
 
 

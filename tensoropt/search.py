@@ -67,7 +67,7 @@ class Frontier:
     def best(self, memory_budget: int | float | str | None = None) -> Plan:
         """The fastest plan whose per-device memory fits ``memory_budget`` (bytes or "40GB");
         by default the device's own memory."""
-        budget = self.device_memory_bytes if memory_budget is None else parse_bytes(memory_budget)
+        budget = self.device_memory_bytes if memory_budget is None else _budget_bytes(memory_budget)
         fits = [p for p in self.plans if p.memory_bytes <= budget]
         if not fits:
             least = self.plans[-1]
@@ -102,6 +102,14 @@ class Frontier:
         return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
                 f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
                 f"{format_bytes(self.plans[0].memory_bytes)}..{format_bytes(self.plans[-1].memory_bytes)})")
+
+
+def _budget_bytes(budget: int | float | str) -> float:
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        if not (budget > 0 and np.isfinite(budget)):
+            raise ValueError(f"memory budget must be a positive number of bytes, got {budget!r}")
+        return float(budget)                 # plan memories may be fractional: no rounding
+    return float(parse_bytes(budget))
 
 
 def _row(p: Plan, device_memory: float) -> dict:

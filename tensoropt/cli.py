@@ -1,0 +1,100 @@
+"""Command line: ``tensoropt frontier ...`` and ``tensoropt profile ...``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _frontier_parser(sub) -> None:
+    p = sub.add_parser("frontier", help="the time/memory frontier of a zoo model on a device set",
+                       description="Search every mesh and per-operator sharding of a model over a device "
+                                   "set and print the Pareto frontier of (time per iteration, memory per device).")
+    p.add_argument("--model", default="gpt2", help="zoo model name (default: gpt2); see --list-models")
+    p.add_argument("--devices", default="8xA100-80GB",
+                   help="'8xA100-80GB', '4x8xH100' (nodes x per node), or 'cpu:4' (default: 8xA100-80GB)")
+    p.add_argument("--batch-size", type=int, default=None, help="global batch size (default: the model's)")
+    p.add_argument("--precision", choices=("fp32", "bf16-mixed"), default=None,
+                   help="default: bf16-mixed on GPUs, fp32 on CPU")
+    p.add_argument("--optimizer", choices=("adam", "sgd", "sgd-momentum"), default="adam")
+    p.add_argument("--budget", default=None, help="memory budget per device, e.g. 40GB or 30GiB: print the "
+                                                  "fastest plan that fits")
+    p.add_argument("--epsilon", type=float, default=0.0, help="(1+eps)-approximate frontier (default 0: exact)")
+    p.add_argument("--max-mesh-dims", type=int, default=3)
+    p.add_argument("--profile", default=None, help="measured profile JSON (tensoropt profile)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds before the search gives up")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--plot", default=None, help="write the frontier plot to this PNG")
+    p.add_argument("--out", default=None, help="write the chosen plan (--budget, else the fastest) as JSON")
+    p.add_argument("--describe", action="store_true", help="print the chosen plan's per-operator table")
+    p.add_argument("--list-models", action="store_true", help="list the zoo models and exit")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _run_frontier(args) -> int:
+    from .models import MODEL_NAMES
+
+    if args.list_models:
+        print("\n".join(MODEL_NAMES))
+        return 0
+    if args.model not in MODEL_NAMES:
+        print(f"error: unknown model {args.model!r}; known: {', '.join(MODEL_NAMES)}", file=sys.stderr)
+        return 2
+    from .search import frontier
+
+    f = frontier(args.model, args.devices, batch_size=args.batch_size, precision=args.precision,
+                 optimizer=args.optimizer, profile=args.profile, epsilon=args.epsilon,
+                 max_mesh_dims=args.max_mesh_dims, time_limit_s=args.time_limit,
+                 progress=False if args.no_progress else None)
+    df = f.to_pandas()
+    if args.format == "csv":
+        print(df.to_csv(index=False), end="")
+    elif args.format == "json":
+        print(df.to_json(orient="records", indent=1))
+    else:
+        print(repr(f))
+        cols = ["time_ms", "memory_gib", "mesh", "summary", "fits_device"]
+        print(df[cols].to_string(float_format=lambda x: f"{x:.4f}"))
+        if f.reference:
+            print("\nreference plans:")
+            print(f.references_to_pandas()[["label"] + cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
+    plan = f.best(args.budget) if args.budget else f.min_time()
+    if args.budget and args.format == "table":
+        print(f"\nfastest plan within {args.budget}: {plan}")
+    if args.describe:
+        print(plan.describe())
+    if args.out:
+        plan.save(args.out)
+    if args.plot:
+        ax = f.plot(memory_budget=args.budget)
+        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        if args.format == "table":
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tensoropt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _frontier_parser(sub)
+    sub.add_parser("profile", help="measure operators and collectives on this machine (see "
+                                   "'tensoropt profile --help')", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "profile":
+        from .profile.cli import main as profile_main
+
+        return profile_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return _run_frontier(args)
+    except ValueError as err:               # bad device string, infeasible budget, capture errors
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
