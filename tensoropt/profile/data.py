@@ -244,6 +244,9 @@ class Profile:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)       # mkstemp makes it private; a profile is not
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
