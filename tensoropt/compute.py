@@ -43,9 +43,11 @@ class EfficiencyCurve:
 
 
 # MAMF figures (costs.md): A100 271/312 = 0.87, H100 794/989 = 0.80 at best shape; H100 1024³
-# (2.15e9 FLOPs) at 0.18 of peak gives flops_half ≈ 7.4e9 for eff_max 0.8.
+# (2.15e9 FLOPs) at 0.18 of peak gives flops_half ≈ 7.4e9 for eff_max 0.8, i.e. a matmul reaches
+# half its best efficiency when it would take 7.4e9 / (989e12 · 0.8) ≈ 9.4 µs at that efficiency.
+# Other devices get the same half-efficiency time: flops_half = time · peak · eff_max.
 _MATMUL_EFF_MAX = 0.8
-_MATMUL_FLOPS_HALF = 7.4e9
+_MATMUL_HALF_EFFICIENCY_TIME_S = 7.4e9 / (989.4e12 * _MATMUL_EFF_MAX)
 # Memory-bound families: most of their time is bytes over HBM bandwidth. PyTorch inductor's
 # roofline assumes a flat 75 % of peak for both terms (costs.md).
 _OTHER_EFF_MAX = 0.75
@@ -105,7 +107,8 @@ def _curve_dict(c: EfficiencyCurve) -> dict:
     return {f.name: getattr(c, f.name) for f in fields(c)}
 
 
-def default_compute_model() -> ComputeModel:
-    """Datasheet-based defaults (see the module docstring for the figures)."""
-    matmul = EfficiencyCurve(_MATMUL_EFF_MAX, _MATMUL_FLOPS_HALF)
+def default_compute_model(device: Device, dtype: str = "bf16") -> ComputeModel:
+    """Datasheet-based defaults for ``device`` (see the figures above)."""
+    flops_half = _MATMUL_HALF_EFFICIENCY_TIME_S * device.peak_flops(dtype) * _MATMUL_EFF_MAX
+    matmul = EfficiencyCurve(_MATMUL_EFF_MAX, flops_half)
     return ComputeModel(curves={f: matmul for f in MATMUL_FAMILIES})

@@ -112,9 +112,13 @@ class NodeCost:
 @dataclass(frozen=True)
 class CostModel:
     device: Device
-    compute: ComputeModel = field(default_factory=default_compute_model)
+    compute: ComputeModel | None = None          # None: datasheet defaults for the device
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def __post_init__(self):
+        if self.compute is None:
+            object.__setattr__(self, "compute", default_compute_model(self.device, self.training.compute_dtype))
 
     # ------------------------------------------------------------------ nodes
 

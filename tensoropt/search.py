@@ -170,7 +170,7 @@ def frontier(
     graph, module = _capture(model, inputs, batch_size)
     if precision is None:
         precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
-    cost_model = _cost_model(cluster, TrainingConfig(precision, optimizer), profile)
+    cost_for = _cost_models(cluster, TrainingConfig(precision, optimizer), profile)
     meshes = distinct_meshes(cluster, max_mesh_dims)
     signature = _param_signature(module)
     plans: list[Plan] = []
@@ -181,7 +181,7 @@ def frontier(
     bar = tqdm(meshes, desc="meshes", disable=not _show(progress), leave=False)
     for mesh in bar:
         bar.set_postfix_str(str(mesh))
-        problem = build_problem(graph, mesh, cost_model)
+        problem = build_problem(graph, mesh, cost_for(mesh))
         remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
         result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress)
         problems.append(problem)
@@ -191,7 +191,7 @@ def frontier(
     pts = np.array(points)
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]
-    ctx = _Context(graph, cluster, cost_model, signature, epsilon, devices if isinstance(devices, str) else str(cluster))
+    ctx = _Context(graph, cluster, cost_for(meshes[0]), signature, epsilon, devices if isinstance(devices, str) else str(cluster))
     for s in keep:
         m, a = owners_[s]
         plans.append(plan_from_assignment(ctx, problems[m], a))
@@ -237,13 +237,33 @@ def _param_signature(module) -> str:
     return param_signature(module)
 
 
-def _cost_model(cluster: Cluster, training: TrainingConfig, profile: str | None) -> CostModel:
+def _cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None):
+    """mesh -> CostModel. A measured profile replaces the device's peak figures, the compute
+    curves and, per mesh, the collectives' α and B (the fit of the mesh's group size where
+    all its axes have one measured size, else the joint fit over group sizes)."""
     if profile is None:
-        return CostModel(cluster.device, training=training)
-    from .profile import load_for_planning
+        model = CostModel(cluster.device, training=training)
+        return lambda mesh: model
+    from .profile import Profile
 
-    device, compute, collectives = load_for_planning(profile, cluster)
-    return CostModel(device, compute, collectives, training)
+    prof = Profile.load(profile)
+    device = prof.device(cluster.device)
+    compute = prof.compute_model()
+
+    def for_mesh(mesh: Mesh) -> CostModel:
+        sizes = set(mesh.shape)
+        group = sizes.pop() if len(sizes) == 1 else None
+        links = {link.name for link in mesh.links}
+        if len(links) != 1:
+            raise ValueError(f"profile {profile} measured one link; mesh {mesh} spans several "
+                             f"({sorted(links)}): profiles are for single-node device sets")
+        try:
+            collectives = prof.collective_model(mesh.links[0], group_size=group)
+        except ValueError:
+            collectives = prof.collective_model(mesh.links[0])
+        return CostModel(device, compute, collectives, training)
+
+    return for_mesh
 
 
 # ---------------------------------------------------------------------------------- plans

@@ -182,3 +182,22 @@ def test_cli_bad_input_exits_2(capsys):
     assert cli_main(["frontier", "--model", "mlp-tiny", "--devices", "cpu:2", "--budget", "1KB",
                      "--no-progress"]) == 2
     assert "minimum achievable" in capsys.readouterr().err
+
+
+def test_measured_profile_prices_the_plans(tmp_path):
+    from tensoropt.profile import Profile
+
+    path = "data/profiles/cpu-2core.json"
+    measured = tensoropt.frontier("mlp-tiny", "cpu:2", profile=path, progress=False)
+    default = tensoropt.frontier("mlp-tiny", "cpu:2", progress=False)
+    prof = Profile.load(path, check_environment=False)
+    op = measured.min_time().op("layers.0")
+    assert op.compute_s != default.min_time().op("layers.0").compute_s
+    # data parallel's gradient all-reduce is priced with the measured 2-rank all-reduce
+    ar = prof.collectives["all_reduce"].for_group(2)
+    assert measured.reference["data parallel"].breakdown["comm_s"] > 2 * ar[0]
+    with pytest.raises(FileNotFoundError, match="tensoropt.profile"):
+        tensoropt.frontier("mlp-tiny", "cpu:2", profile=str(tmp_path / "missing.json"), progress=False)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="not a valid tensoropt profile"):
+        tensoropt.frontier("mlp-tiny", "cpu:2", profile=str(tmp_path / "bad.json"), progress=False)
