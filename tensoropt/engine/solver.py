@@ -159,11 +159,16 @@ def _run(plan, leaves: list, delta: float, deadline, bar, keep_scope: tuple[int,
     """Carry out an elimination plan; the result's scope is ``keep_scope`` (in that order)."""
     table = list(leaves)
     for step in plan.steps:
-        fs = [table[i] for i in step.factors]
-        acc = fs[0]
-        for f in fs[1:-1]:
+        merged = []
+        for group in step.groups:
+            acc = table[group[0]]
+            for i in group[1:]:
+                acc = fx.combine(acc, table[i], delta=delta, deadline=deadline)
+            merged.append(acc)
+        acc = merged[0]
+        for f in merged[1:-1]:
             acc = fx.combine(acc, f, delta=delta, deadline=deadline)
-        last = fs[-1] if len(fs) > 1 else _ZERO
+        last = merged[-1] if len(merged) > 1 else _ZERO
         table.append(fx.combine(acc, last, eliminate=step.node, delta=delta, deadline=deadline))
         for i in step.factors:
             _release(table[i])

@@ -5,15 +5,21 @@ Every generator is deterministic given ``seed`` (``np.random.default_rng(seed)``
 Units are "nice" abstract numbers: times look like milliseconds (roughly 0.1 .. 100) and
 memories like MiB (roughly 1 .. 1000). The solvers do not care about units.
 
-How configurations are modelled (all generators): configuration ``c`` of a node has a
-split degree ``d`` in {1, 2, 4, 8}, an input layout and an output layout (small integer
-labels, think "replicated", "shard batch", "shard hidden", ...). Its node cost trades
-time against memory the way sharding does: compute time and parameter/activation memory
-shrink with ``d`` while communication time grows with it, times a little noise, so some
-configurations end up dominated and some not. An edge ``(u, v)`` costs nothing where
-``u``'s output layout matches ``v``'s input layout and a positive re-layout time
-elsewhere (depending on the pair of layouts and the tensor size); some edges also carry
-a small memory cost (a staging buffer) on mismatched pairs.
+How configurations are modelled (all generators): every node runs on ``P = 8`` devices.
+Configuration ``c`` of a node is a distinct tuple (tensor-parallel degree ``d`` in
+{1, 2, 4, 8} — the rest of the devices split the batch —, input layout, output layout,
+recompute flag); layouts are small integer labels ("replicated", "shard batch", "shard
+hidden", ...). A node's cost is a deterministic function of ``(d, recompute)``: compute
+time barely depends on ``d``; tensor parallelism adds activation all-reduces but shards
+the weights, data parallelism all-reduces the gradients of the replicated weights;
+recomputation trades activation memory for a second forward pass. Configurations that
+differ only in their layouts therefore cost the same on the node and differ only on the
+edges. An edge ``(u, v)`` costs a deterministic re-layout time (depending on the pair of
+layouts, the pair of degrees and the tensor size; zero where both match); some edges also
+carry a memory cost (a staging buffer) on mismatched pairs. The only noise is one time
+factor and one memory factor per node (within ±5 %), so frontiers stay as narrow as those
+of real cost models (tens to a few hundred points), not as wide as i.i.d. noise per
+configuration would make them.
 
 ``dyadic=True`` (the default) rounds every cost to a multiple of 1/64. All costs are then
 dyadic rationals of modest size, so every sum of them is exact in float64 whatever the
@@ -52,30 +58,51 @@ def dyadic_round(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Op:
-    """One node's configurations: cost table plus the layouts the edges look at."""
+    """One node's configurations: cost table plus the layouts and degrees the edges look at."""
     costs: np.ndarray       # (K, 2)
     in_layout: np.ndarray   # (K,)
     out_layout: np.ndarray  # (K,)
+    degree: np.ndarray      # (K,)
+
+
+N_DEVICES = 8
+_RECOMPUTE_MIN_ACT = 64.0   # only activation-heavy nodes offer recomputation
+_MEMORY_QUANTUM = 0.25      # memories are exact sizes: multiples of 1/4 "MiB"
+# Every (degree, in layout, out layout, recompute) tuple a node may offer.
+_CONFIG_SPACE = np.array(
+    [(d, i, o, r) for d in _DEGREES for i in range(N_LAYOUTS) for o in range(N_LAYOUTS) for r in (0, 1)],
+    dtype=np.int64,
+)
 
 
 def _op(rng: np.random.Generator, k: int, compute: float, params: float, act: float, dyadic: bool) -> _Op:
-    """A node with ``k`` configurations; ``compute`` ~ time, ``params``/``act`` ~ memory."""
-    deg = rng.choice(_DEGREES, size=k)
-    deg[0] = 1  # always a "no split" configuration
-    in_l = rng.integers(0, N_LAYOUTS, size=k)
-    out_l = rng.integers(0, N_LAYOUTS, size=k)
-    in_l[0] = out_l[0] = 0  # ... with the replicated layout, so a matching pattern exists
-    # Sharded weights (layout != 0) save memory but need collectives.
-    sharded = out_l != 0
-    noise_t = rng.uniform(0.85, 1.2, size=k)
-    noise_m = rng.uniform(0.9, 1.15, size=k)
-    comm = np.where(deg > 1, 0.15 * act * np.log2(deg) * (1.0 + 0.5 * sharded), 0.0)
-    time = (compute / deg + comm) * noise_t
-    memory = (params / np.where(sharded, deg, 1) + act / deg) * noise_m
+    """A node with ``k`` distinct configurations; ``compute`` ~ time, ``params``/``act`` ~ memory."""
+    space = _CONFIG_SPACE if act >= _RECOMPUTE_MIN_ACT else _CONFIG_SPACE[_CONFIG_SPACE[:, 3] == 0]
+    if k > len(space):
+        raise ValueError(f"at most {len(space)} configurations for this node, asked for {k}")
+    # The "natural" configurations come first: degree d with layout log2(d) in and out (the
+    # layouts every node offers, so whole blocks can run at one degree without re-layouts),
+    # then random other tuples.
+    natural = (space[:, 1] == np.log2(space[:, 0])) & (space[:, 2] == space[:, 1])
+    first = np.flatnonzero(natural)[:k]
+    rest = np.flatnonzero(~natural)
+    pick = np.concatenate([first, rng.choice(rest, size=k - len(first), replace=False)])
+    deg, in_l, out_l, recompute = space[pick].T
+    dp = N_DEVICES // deg
+    log_d = np.log2(deg)
+    compute_s = compute / N_DEVICES * (1.0 + 0.08 * log_d) * (1.0 + 0.35 * recompute)
+    tp_comm_s = 0.12 * act * (deg - 1) / deg
+    dp_comm_s = 0.03 * params / deg * (dp - 1) / dp
+    time = compute_s + tp_comm_s + dp_comm_s
+    # Weights (with gradients and optimizer state) are sharded over the tensor-parallel group;
+    # saved activations shrink with recomputation.
+    memory = 2.0 * params / deg + act / dp * np.where(recompute == 1, 0.25, 1.0) * (1.0 + 0.5 * (deg > 1))
+    time = time * rng.uniform(0.95, 1.05)
     costs = np.stack([time, memory], axis=1)
     if dyadic:
         costs = dyadic_round(costs)
-    return _Op(costs, in_l, out_l)
+        costs[:, 1] = _MEMORY_QUANTUM * np.round(costs[:, 1] / _MEMORY_QUANTUM)
+    return _Op(costs, in_l, out_l, deg)
 
 
 def _relayout_matrix(rng: np.random.Generator) -> np.ndarray:
@@ -89,14 +116,15 @@ def _edge(
     rng: np.random.Generator, src: _Op, dst: _Op, size: float, relayout: np.ndarray, dyadic: bool,
     memory_prob: float = 0.3,
 ) -> np.ndarray:
-    """Edge table: zero where layouts match, positive re-layout time elsewhere."""
-    lu = src.out_layout[:, None]
-    lv = dst.in_layout[None, :]
-    mismatch = lu != lv
-    time = np.where(mismatch, size * relayout[lu, lv] * rng.uniform(0.9, 1.1, size=mismatch.shape), 0.0)
+    """Edge table: zero where layouts and degrees match, a deterministic re-layout time elsewhere."""
+    lu, lv = src.out_layout[:, None], dst.in_layout[None, :]
+    du, dv = np.log2(src.degree)[:, None], np.log2(dst.degree)[None, :]
+    reshard = 3.0 * np.abs(du - dv)
+    time = size * (relayout[lu, lv] + reshard) / N_DEVICES
+    mismatch = time > 0
     memory = np.zeros_like(time)
     if rng.random() < memory_prob:
-        memory = np.where(mismatch, 0.25 * size * rng.uniform(0.5, 1.0, size=mismatch.shape), 0.0)
+        memory = np.where(mismatch, 0.25 * size * (1.0 + relayout[lu, lv]), 0.0)
     table = np.stack([time, memory], axis=-1)
     if dyadic:
         table = dyadic_round(table)
