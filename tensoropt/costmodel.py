@@ -48,7 +48,9 @@ from .mesh import Mesh
 from .opgraph import Edge, Operator, OpGraph
 from .strategy import OpConfig, term_placements
 
-__all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS"]
+__all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
+
+ZERO_STAGES = (0, 1, 2, 3)
 
 PRECISIONS = ("fp32", "bf16-mixed")
 OPTIMIZERS = ("adam", "sgd", "sgd-momentum")
@@ -95,6 +97,7 @@ class TrainingConfig:
 class NodeCost:
     compute_s: float
     comm_s: float
+    forward_s: float           # the forward part of compute_s (what recomputation repeats)
     param_bytes: float
     grad_bytes: float
     optimizer_bytes: float
@@ -122,10 +125,15 @@ class CostModel:
 
     # ------------------------------------------------------------------ nodes
 
-    def node_cost(self, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool = True) -> NodeCost:
+    def node_cost(self, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool = True,
+                  zero_stage: int = 0) -> NodeCost:
         """Cost of ``op`` in configuration ``cfg``; ``owns_params=False`` for a later user of a
-        tied parameter (its state is charged at the first user)."""
-        return _node_cost(self, op, cfg, mesh, owns_params)
+        tied parameter (its state is charged at the first user). ``zero_stage`` shards the
+        optimizer state (1), + gradients (2), + parameters (3) over the axes where the
+        parameter is replicated while the operator splits something else."""
+        if zero_stage not in ZERO_STAGES:
+            raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
+        return _node_cost(self, op, cfg, mesh, owns_params, zero_stage)
 
     def _scale(self, spec) -> float:
         """Bytes of a captured float tensor at the training precision (integers keep theirs)."""
@@ -142,30 +150,40 @@ class CostModel:
         return _redistribute_s(self.collectives, nbytes, have, want, aligned, grad_partial, mesh)
 
 
-def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool) -> NodeCost:
+def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool,
+               zero_stage: int) -> NodeCost:
     shape = mesh.shape
     terms, out = op.terms
     ws = cfg.work_shards(shape)
     dtype = cm.training.compute_dtype
     local_bytes = sum(spec.nbytes * cm._scale(spec) / cfg.shards(t, shape) for t, spec in zip(terms, op.operands))
     local_bytes += op.output.nbytes * cm._scale(op.output) / cfg.shards(out, shape)
-    compute = (cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
-               + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                   cm.device, dtype))
+    forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
+    compute = forward + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
+                                          cm.device, dtype)
     comm = 0.0
     p_bytes = g_bytes = o_bytes = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
-        if pname is None:
+        if pname is None or not owns_params:
             continue
         local_numel = spec.numel / cfg.shards(t, shape)
-        if owns_params:
-            p_bytes += bp * local_numel
-            g_bytes += bg * local_numel
-            o_bytes += bo * local_numel
-            for axis, s in enumerate(cfg.splits):
-                if s is not None and s not in t:
-                    comm += cm.collectives.time_s("all_reduce", bg * local_numel, mesh, axis)
+        # Axes where this parameter is replicated while the operator splits another label:
+        # its gradient ends the step as partial sums there (data parallelism).
+        data_axes = [a for a, s in enumerate(cfg.splits) if s is not None and s not in t]
+        d = math.prod(shape[a] for a in data_axes)
+        p_bytes += bp * local_numel / (d if zero_stage >= 3 else 1)
+        g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
+        o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
+        for axis in data_axes:
+            if zero_stage == 0:
+                comm += cm.collectives.time_s("all_reduce", bg * local_numel, mesh, axis)
+            else:
+                # reduce-scatter the gradients; all-gather the parameters once after the step
+                # (stages 1-2) or before forward and again before backward (stage 3)
+                gathers = 2 if zero_stage == 3 else 1
+                comm += (cm.collectives.time_s("reduce_scatter", bg * local_numel, mesh, axis)
+                         + gathers * cm.collectives.time_s("all_gather", bp * local_numel, mesh, axis))
     act = 0.0
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
@@ -174,7 +192,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # dims, and its extras (the log-softmax) are shaped like its first input.
     extra_term = out or terms[0]
     act += op.saved_extra_bytes * cm._scale(op.output) / cfg.shards(extra_term, shape)
-    return NodeCost(compute, comm, p_bytes, g_bytes, o_bytes, act)
+    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act)
 
 
 def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:

@@ -44,6 +44,8 @@ class Plan:
     param_signature: str = ""
     label: str = ""                                  # e.g. "data parallel" for a reference plan
     epsilon: float = 0.0
+    zero_stage: int = 0                              # ZeRO stage on the data-parallel axes
+    recompute: tuple[str, ...] = ()                  # modules whose activations are recomputed
 
     @property
     def mesh_axis_names(self) -> tuple[str, ...]:
@@ -110,6 +112,7 @@ class Plan:
             kw["mesh_shape"] = tuple(int(x) for x in d["mesh_shape"])
             kw["mesh_links"] = tuple(d["mesh_links"])
             kw["ops"] = tuple(OpChoice(**o) for o in d["ops"])
+            kw["recompute"] = tuple(d.get("recompute", ()))
             return Plan(**kw)
         except (KeyError, TypeError) as err:
             raise ValueError(f"corrupt plan: {err}") from None

@@ -4,10 +4,17 @@
 and every edge (``costmodel``) and hands the engine a plain :class:`CostGraph`, with the
 graph's identical blocks declared so the engine composes them by repeated squaring.
 Operators with identical shapes and roles share one cost computation.
+
+Activation recomputation is one more node per recompute unit (each ``layers.<i>`` module),
+with two configurations, keep (0) or recompute (1), and an edge to every operator of the
+unit: keep charges the operator's saved activations, recompute charges a second forward
+instead (and, on the unit's first operator, the unit input that the checkpoint keeps).
+The operator nodes themselves then carry no activation memory.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,15 +25,23 @@ from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
 
-__all__ = ["MeshProblem", "build_problem", "owners"]
+__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units"]
+
+_UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
 class MeshProblem:
     mesh: Mesh
+    zero_stage: int
     configs: tuple[tuple[OpConfig, ...], ...]    # per operator
     node_costs: tuple[tuple[NodeCost, ...], ...]  # per operator, per configuration
-    cost_graph: CostGraph
+    units: tuple[tuple[str, tuple[int, ...]], ...]  # recompute units: (module FQN, operator indices)
+    unit_input_bytes: tuple[tuple[float, ...], ...]  # per unit, per configuration of its first operator
+    cost_graph: CostGraph                         # nodes: operators, then one node per unit
+
+    def recompute_node(self, unit: int) -> int:
+        return len(self.configs) + unit
 
 
 def owners(graph: OpGraph) -> list[bool]:
@@ -41,12 +56,23 @@ def owners(graph: OpGraph) -> list[bool]:
     return out
 
 
+def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
+    """Operators grouped by the ``layers.<i>`` module that owns them, in order."""
+    units: dict[str, list[int]] = {}
+    for i, op in enumerate(graph.operators):
+        m = _UNIT.match(op.module)
+        if m:
+            units.setdefault(m.group(1), []).append(i)
+    return [(name, tuple(ops)) for name, ops in units.items()]
+
+
 def _signature(op: Operator, owns: bool) -> tuple:
     return (op.family, op.equation, op.operands, tuple(p is None for p in op.param_names), op.output,
             op.splittable, op.flops_fwd, op.flops_bwd, op.saved_operands, op.saved_extra_bytes, owns)
 
 
-def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel) -> MeshProblem:
+def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
+                  recompute: bool = True) -> MeshProblem:
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     cache: dict[tuple, tuple[tuple[OpConfig, ...], tuple[NodeCost, ...]]] = {}
@@ -54,7 +80,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel) -> MeshProb
     for op, o, sig in zip(graph.operators, own, sigs):
         if sig not in cache:
             cfgs = tuple(enumerate_configs(op, mesh))
-            cache[sig] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o) for c in cfgs))
+            cache[sig] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage)
+                                      for c in cfgs))
         configs.append(cache[sig][0])
         costs.append(cache[sig][1])
     edge_cache: dict[tuple, np.ndarray] = {}
@@ -64,6 +91,52 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel) -> MeshProb
         if key not in edge_cache:
             edge_cache[key] = edge_cost_table(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
         edges.append((e.src, e.dst, edge_cache[key]))
-    nodes = [(op.name, np.array([[c.time_s, c.memory_bytes] for c in cs])) for op, cs in zip(graph.operators, costs)]
-    cg = CostGraph.build(nodes, edges, blocks=graph.blocks)
-    return MeshProblem(mesh, tuple(configs), tuple(costs), cg)
+
+    units = recompute_units(graph) if recompute else []
+    in_unit = {i for _, ops in units for i in ops}
+    nodes = []
+    for i, (op, cs) in enumerate(zip(graph.operators, costs)):
+        act = 0 if i in in_unit else 1
+        nodes.append((op.name, np.array([[c.time_s, c.memory_bytes - (1 - act) * c.activation_bytes] for c in cs])))
+    input_bytes = []
+    for u, (name, ops) in enumerate(units):
+        node = len(nodes)
+        nodes.append((f"recompute:{name}", np.zeros((2, 2))))
+        first = graph.operators[ops[0]]
+        kept = _unit_input_bytes(first, configs[ops[0]], mesh, cost_model)
+        input_bytes.append(tuple(kept))
+        for j, i in enumerate(ops):
+            table = np.zeros((2, len(costs[i]), 2))
+            table[0, :, 1] = [c.activation_bytes for c in costs[i]]
+            table[1, :, 0] = [c.forward_s for c in costs[i]]
+            if j == 0:
+                table[1, :, 1] = kept
+            edges.append((node, i, table))
+    blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
+    cg = CostGraph.build(nodes, edges, blocks=blocks)
+    return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg)
+
+
+def _unit_input_bytes(op: Operator, cfgs, mesh: Mesh, cost_model: CostModel) -> list[float]:
+    """What a checkpoint keeps of a unit: its first operator's first activation input."""
+    terms, _ = op.terms
+    acts = [k for k, p in enumerate(op.param_names) if p is None]
+    if not acts:
+        return [0.0] * len(cfgs)
+    k = acts[0]
+    spec = op.operands[k]
+    return [spec.nbytes * cost_model._scale(spec) / c.shards(terms[k], mesh.shape) for c in cfgs]
+
+
+def _blocks_with_units(blocks, units, n_ops: int):
+    """Each identical block also holds its recompute node, when units and blocks coincide."""
+    if not blocks or not units:
+        return blocks
+    node_of = {frozenset(ops): n_ops + u for u, (_, ops) in enumerate(units)}
+    out = []
+    for block in blocks:
+        node = node_of.get(frozenset(block))
+        if node is None:
+            return ()          # blocks and units differ: no repeated-block shortcut
+        out.append(tuple(block) + (node,))
+    return tuple(out)

@@ -152,6 +152,8 @@ def frontier(
     profile: str | None = None,
     epsilon: float = 0.0,
     max_mesh_dims: int = 3,
+    zero: bool = True,
+    recompute: bool = True,
     time_limit_s: float | None = None,
     progress: bool | None = None,
     references: bool = True,
@@ -164,6 +166,9 @@ def frontier(
     ``precision``: ``"bf16-mixed"`` (default on GPUs) or ``"fp32"`` (default on CPU).
     ``profile``: path of a measured profile (``tensoropt profile``) to price compute and
     collectives with. ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
+    ``zero``: also search ZeRO stages 2 and 3 on the data-parallel axes (stage 1 moves the same
+    bytes as stage 2 and keeps more, so it never reaches the frontier in this cost model).
+    ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
     """
     start = time.monotonic()
     cluster = parse_devices(devices)
@@ -178,10 +183,11 @@ def frontier(
     points, owners_ = [], []
     from tqdm.auto import tqdm
 
-    bar = tqdm(meshes, desc="meshes", disable=not _show(progress), leave=False)
-    for mesh in bar:
-        bar.set_postfix_str(str(mesh))
-        problem = build_problem(graph, mesh, cost_for(mesh))
+    cases = [(mesh, z) for mesh in meshes for z in ((0, 2, 3) if zero and mesh.size > 1 else (0,))]
+    bar = tqdm(cases, desc="meshes", disable=not _show(progress), leave=False)
+    for mesh, z in bar:
+        bar.set_postfix_str(f"{mesh} zero {z}")
+        problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=recompute)
         remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
         result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress)
         problems.append(problem)
@@ -196,7 +202,7 @@ def frontier(
         m, a = owners_[s]
         plans.append(plan_from_assignment(ctx, problems[m], a))
     refs = _reference_plans(ctx, problems) if references else {}
-    stats = {"search_s": time.monotonic() - start, "meshes": [str(p.mesh) for p in problems],
+    stats = {"search_s": time.monotonic() - start, "meshes": sorted({str(p.mesh) for p in problems}),
              "operators": len(graph.operators), "candidates": len(points),
              "unsupported_ops": list(graph.unsupported)}
     return Frontier(graph.name, ctx.devices, plans, refs, float(cluster.device.memory_bytes), stats)
@@ -282,33 +288,52 @@ class _Context:
 def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequence[int], label: str = "") -> Plan:
     """Price one assignment (configuration index per operator) into a :class:`Plan`."""
     graph, mesh = ctx.graph, problem.mesh
+    n_ops = len(graph.operators)
     a = [int(x) for x in assignment]
-    relayout = np.zeros(len(a))
+    if len(a) == n_ops:                        # operators only: keep every unit's activations
+        a += [0] * len(problem.units)
+    relayout = np.zeros(n_ops)
     for (u, v), table in problem.cost_graph.edge_costs.items():
-        relayout[v] += table[a[u], a[v], 0]
-    ops, totals = [], dict(compute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0, grad_bytes=0.0,
-                           optimizer_bytes=0.0, activation_bytes=0.0)
+        if u < n_ops:
+            relayout[v] += table[a[u], a[v], 0]
+    recomputed_ops: set[int] = set()
+    recomputed, kept_inputs = [], 0.0
+    for k, (name, unit_ops) in enumerate(problem.units):
+        if a[problem.recompute_node(k)] == 1:
+            recomputed.append(name)
+            recomputed_ops.update(unit_ops)
+            kept_inputs += problem.unit_input_bytes[k][a[unit_ops[0]]]
+    ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
+                           grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
     for i, op in enumerate(graph.operators):
         cfg = problem.configs[i][a[i]]
         cost = problem.node_costs[i][a[i]]
         terms, out = op.terms
         contracted = "".join(c for t in terms for c in t if c not in out)
+        again = i in recomputed_ops
+        act = 0.0 if again else cost.activation_bytes
         ops.append(OpChoice(op.name, op.module, op.family, str(cfg), ",".join(term_placements(cfg, out, contracted)),
-                            cost.compute_s, cost.comm_s, float(relayout[i]),
-                            cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, cost.activation_bytes))
+                            cost.compute_s + (cost.forward_s if again else 0.0), cost.comm_s, float(relayout[i]),
+                            cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, act))
         totals["compute_s"] += cost.compute_s
+        totals["recompute_s"] += cost.forward_s if again else 0.0
         totals["comm_s"] += cost.comm_s
         totals["param_bytes"] += cost.param_bytes
         totals["grad_bytes"] += cost.grad_bytes
         totals["optimizer_bytes"] += cost.optimizer_bytes
-        totals["activation_bytes"] += cost.activation_bytes
+        totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
     tr = ctx.cost_model.training
+    summary = summarize(graph, problem, a)
+    if problem.zero_stage:
+        summary += f" zero{problem.zero_stage}"
+    if recomputed:
+        summary += f" rc{len(recomputed)}/{len(problem.units)}"
     return Plan(graph.name, ctx.devices, mesh.shape, tuple(link.name for link in mesh.links), float(t), float(m),
-                summarize(graph, problem, a), tuple(ops), totals,
+                summary, tuple(ops), totals,
                 {"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
-                ctx.param_signature, label, ctx.epsilon)
+                ctx.param_signature, label, ctx.epsilon, problem.zero_stage, tuple(recomputed))
 
 
 def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:
@@ -316,8 +341,9 @@ def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -
     ``tp`` when weight-carrying operators split weights over it, ``rep`` when nothing is
     split, else ``mix``; e.g. ``dp2·tp4``."""
     parts = []
+    n_ops = len(graph.operators)
     for axis, size in enumerate(problem.mesh.shape):
-        splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment)]
+        splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment[:n_ops])]
         batched = [s for op, s in zip(graph.operators, splits) if "b" in label_sizes(op)]
         weighted = [s for op, s in zip(graph.operators, splits)
                     if op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)]
@@ -360,6 +386,8 @@ def _reference_plans(ctx: _Context, problems: list[MeshProblem]) -> dict[str, Pl
     graph = ctx.graph
     for problem in problems:
         mesh = problem.mesh
+        if problem.zero_stage != 0:
+            continue
         if mesh.ndim == 1:
             a = []
             for i, op in enumerate(graph.operators):
@@ -377,7 +405,7 @@ def _reference_plans(ctx: _Context, problems: list[MeshProblem]) -> dict[str, Pl
                     if dp_ok and _megatron_choice(op, c.splits[tp_axis]):
                         ok.append(j)
                 allowed.append(ok or [0])
-            a = _restricted_min_time(problem, allowed)
+            a = _restricted_min_time(problem, allowed + _keep_all(problem))
             dp = mesh.shape[0] if mesh.ndim == 2 else 1
             name = f"megatron dp{dp}·tp{mesh.shape[tp_axis]}"
             refs[name] = plan_from_assignment(ctx, problem, a, name)
@@ -397,3 +425,7 @@ def _restricted_min_time(problem: MeshProblem, allowed: list[list[int]]) -> list
     sub = CostGraph.build(nodes, edges, blocks=cg.blocks)
     res = solve(sub)
     return [allowed[v][c] for v, c in enumerate(res.assignments[0])]
+
+
+def _keep_all(problem: MeshProblem) -> list[list[int]]:
+    return [[0]] * len(problem.units)
