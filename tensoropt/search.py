@@ -21,6 +21,7 @@ from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
 from .planner import MeshProblem, build_problem
+from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
 from .units import format_bytes, parse_bytes
 
@@ -157,12 +158,14 @@ def frontier(
     time_limit_s: float | None = None,
     progress: bool | None = None,
     references: bool = True,
-) -> Frontier:
+) -> "Frontier | ScalingFrontier":
     """The Pareto frontier of (per-iteration time, per-device peak memory) over training plans.
 
     ``model``: an ``nn.Module`` whose ``forward(*inputs)`` returns the loss (build it under
     ``torch.device("meta")`` to plan without allocating), or a zoo name such as ``"gpt2"``.
-    ``devices``: ``"8xA100-80GB"``, ``"4x8xH100"``, ``"cpu:4"`` or a :class:`Cluster`.
+    ``devices``: ``"8xA100-80GB"``, ``"4x8xH100"``, ``"cpu:4"`` or a :class:`Cluster`;
+    ``"up to 64xA100-80GB"`` searches 1, 2, 4, … 64 devices and returns a
+    :class:`~tensoropt.scaling.ScalingFrontier` (the device count as a third objective).
     ``precision``: ``"bf16-mixed"`` (default on GPUs) or ``"fp32"`` (default on CPU).
     ``profile``: path of a measured profile (``tensoropt profile``) to price compute and
     collectives with. ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
@@ -171,8 +174,23 @@ def frontier(
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
     """
     start = time.monotonic()
-    cluster = parse_devices(devices)
+    scaling = parse_scaling(devices)
+    if scaling is not None:
+        n_max, device = scaling
+        graph, module = _capture(model, inputs, batch_size)
+        per_count = {}
+        for n in device_counts(n_max):
+            per_count[n] = _search(graph, module, f"{n}x{device}", precision, optimizer, profile, epsilon,
+                                   max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
+        return ScalingFrontier.merge(graph.name, device, per_count)
     graph, module = _capture(model, inputs, batch_size)
+    return _search(graph, module, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero,
+                   recompute, time_limit_s, progress, references, start)
+
+
+def _search(graph, module, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero, recompute,
+            time_limit_s, progress, references, start) -> Frontier:
+    cluster = parse_devices(devices)
     if precision is None:
         precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
     cost_for = _cost_models(cluster, TrainingConfig(precision, optimizer), profile)
