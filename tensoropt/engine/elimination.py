@@ -133,7 +133,7 @@ def combine_depth(groups: list[list[int]], depths: list[int]) -> int:
     a single factor is still pruned once, by the fold."""
     group_depths = [_sequential_depth([depths[i] for i in g]) for g in groups]
     depth = _sequential_depth(group_depths)
-    return depth + 1 if sum(len(g) for g in groups) == 1 else depth
+    return depth + 1 if len(groups) == 1 else depth
 
 
 def _sequential_depth(depths: list[int]) -> int:

@@ -138,26 +138,29 @@ def _pad(a: np.ndarray, width: int, fill) -> np.ndarray:
     return out
 
 
-def reconstruct(root: Factor, point: int, assignment: dict[int, int]) -> None:
-    """Fill ``assignment`` with the configuration of every node folded out beneath ``root``.
+def reconstruct(root: Factor, points: np.ndarray, assignment: dict[int, np.ndarray]) -> None:
+    """Fill ``assignment`` with the configuration of every node folded out beneath ``root``,
+    for many frontier points at once (``points`` and every ``assignment`` value are arrays
+    of the same length).
 
     ``assignment`` must already hold the configurations of ``root.scope``.
     """
-    stack = [(root, point, {v: assignment[v] for v in root.scope})]
+    points = np.asarray(points, dtype=np.int64)
+    stack = [(root, points, {v: np.asarray(assignment[v]) for v in root.scope})]
     while stack:
         f, p, ctx = stack.pop()
         if f.kind == "leaf":
             continue
         idx = tuple(ctx[v] for v in f.scope) + (p,)
-        code = int(f.src[idx])
-        if code < 0:
+        code = f.src[idx]
+        if (code < 0).any():
             raise AssertionError("back-pointer to a padding point")
         if f.kind == "chain":
             f.extra["reconstruct"](ctx, code, assignment, stack)
             continue
         a, b = f.inputs
-        c, rest = divmod(code, a.width * b.width)
-        i, j = divmod(rest, b.width)
+        c, rest = np.divmod(code, a.width * b.width)
+        i, j = np.divmod(rest, b.width)
         if f.eliminated is not None:
             ctx = dict(ctx)
             ctx[f.eliminated] = c

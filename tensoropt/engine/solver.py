@@ -87,27 +87,22 @@ def solve(
     layout = chain_layout(g) if use_blocks else None
 
     sizes = {v: k for v, k in enumerate(g.n_configs)}
-    chain = None
-    if layout is not None:
-        chain = _ChainBuilder(g, layout, sizes)
+    chain = _ChainBuilder(g, layout, sizes) if layout is not None else None
     leaves, scopes = _leaves(g, layout)
-    depths = [0] * len(leaves)
-    if chain is not None:
-        leaves.append(None)  # the chain factor, built below
-        scopes.append(layout.first_exits + layout.last_exits)
-        depths.append(chain.depth)
-    reduced_sizes = {v: sizes[v] for s in scopes for v in s}
-    plan = plan_elimination(scopes, reduced_sizes, depths)
-    depth = max(plan.depth, 1)
+    outer_sizes = {v: sizes[v] for sc in scopes for v in sc}
+    keep = chain.outer_keep(outer_sizes) if chain else frozenset()
+    plan = plan_elimination(scopes, outer_sizes, keep=keep)
+    depth = max(plan.depth + (chain.depth_bound(len(keep)) if chain else 0), 1)
     delta = (1.0 + epsilon) ** (1.0 / depth) - 1.0 if epsilon > 0 else 0.0
 
     n_steps = len(plan.steps) + (chain.n_steps if chain else 0)
     show = progress if progress is not None else (n_steps > 2000 and sys.stderr.isatty())
     bar = _progress_bar(n_steps, show)
     try:
+        rest = _run(plan, leaves, delta, deadline, bar)
         if chain is not None:
-            leaves[-1] = chain.build(delta, deadline, bar)
-        root = _run(plan, leaves, delta, deadline, bar)
+            rest = [chain.fold(rest, delta, deadline, bar)]
+        root = _fold_all(rest, delta, deadline)
     except SolveTimeout as err:
         raise SolveTimeout(
             f"Frontier search stopped after {time.monotonic() - start:.1f} s (time_limit_s={time_limit_s}) "
@@ -116,13 +111,15 @@ def solve(
         ) from None
     finally:
         bar.close()
+    if root.depth > depth:
+        raise AssertionError(f"{root.depth} prunes on a path, the epsilon split assumed at most {depth}")
 
     points, assignments = _read_out(root, g, kept)
     _verify(graph, points, assignments)
     stats = {
         "seconds": time.monotonic() - start,
         "n_steps": n_steps,
-        "max_table": plan.max_table,
+        "max_table": max(plan.max_table, chain.plan.max_table if chain else 0),
         "depth": depth,
         "delta": delta,
         "configs_before": int(sum(graph.n_configs)),
@@ -155,8 +152,8 @@ def _leaves(g: CostGraph, layout: ChainLayout | None):
     return leaves, scopes
 
 
-def _run(plan, leaves: list, delta: float, deadline, bar, keep_scope: tuple[int, ...] = ()) -> Factor:
-    """Carry out an elimination plan; the result's scope is ``keep_scope`` (in that order)."""
+def _run(plan, leaves: list, delta: float, deadline, bar) -> list[Factor]:
+    """Carry out an elimination plan; returns the factors left over (scopes within the kept nodes)."""
     table = list(leaves)
     for step in plan.steps:
         merged = []
@@ -173,14 +170,22 @@ def _run(plan, leaves: list, delta: float, deadline, bar, keep_scope: tuple[int,
         for i in step.factors:
             _release(table[i])
         bar.update(1)
-    rest = [table[i] for i in plan.leftover]
-    acc = rest[0] if rest else _ZERO
-    for f in rest[1:]:
+    return [table[i] for i in plan.leftover]
+
+
+def _combine_all(factors: list[Factor], delta, deadline) -> Factor:
+    acc = factors[0] if factors else _ZERO
+    for f in factors[1:]:
         acc = fx.combine(acc, f, delta=delta, deadline=deadline)
-    missing = [v for v in keep_scope if v not in acc.scope]
-    if missing:
-        raise AssertionError(f"kept nodes {missing} vanished from the result")
-    return _permute(acc, keep_scope)
+    return acc
+
+
+def _fold_all(factors: list[Factor], delta, deadline) -> Factor:
+    """Sum the factors and fold out every node they still mention: the root frontier."""
+    acc = _combine_all(factors, delta, deadline)
+    for v in acc.scope:
+        acc = fx.combine(acc, _ZERO, eliminate=v, delta=delta, deadline=deadline)
+    return acc
 
 
 def _release(f: Factor) -> None:
@@ -199,13 +204,23 @@ def _permute(f: Factor, scope: tuple[int, ...]) -> Factor:
 
 
 class _ChainBuilder:
-    """Blocks 1..L-1 as one factor over (first-block exits, last-block exits)."""
+    """Blocks 1..L-1, folded one block at a time into the factor of everything before them.
+
+    The transfer factor A(x_{k-1}, x_k) — one block's cost given the exit configurations of
+    the block before and its own, interior folded out — is computed once from block 1 (the
+    template). Then V_k(x_k) = ∪_{x_{k-1}} V_{k-1}(x_{k-1}) ⊕ A(x_{k-1}, x_k), with V_0 the
+    factor of block 0 and everything outside that does not touch the last block. (Repeated
+    squaring A^(L-1) costs more: exact frontiers widen with every block, and a matrix
+    product costs K_x times a vector product of the same widths.) When the rest of the
+    graph joins the first and last exits directly, V also carries the last exits' index.
+    """
 
     def __init__(self, g: CostGraph, layout: ChainLayout, sizes: dict[int, int]):
         self.g, self.layout = g, layout
         b0, b1 = layout.blocks[0], layout.blocks[1]
         self.x0 = layout.first_exits
         self.x1 = tuple(b1[p] for p in layout.exits)
+        self.xl = layout.last_exits
         leaves, scopes = [], []
         for v in b1:
             leaves.append(fx.leaf((v,), g.node_costs[v]))
@@ -219,107 +234,110 @@ class _ChainBuilder:
                 leaves.append(fx.leaf((u, v), table))
                 scopes.append((u, v))
         self.template_leaves = leaves
+        self.sizes = sizes
         self.template_sizes = {v: sizes[v] for s in scopes for v in s}
         self.plan = plan_elimination(scopes, self.template_sizes, keep=frozenset(self.x0 + self.x1))
         self.n = len(layout.blocks) - 1
-        self.bits = [k for k in range(self.n.bit_length()) if self.n >> k & 1]
-        n_squarings = self.n.bit_length() - 1
-        self.n_steps = len(self.plan.steps) + n_squarings + len(self.bits) - 1
-        d = self.plan.depth
-        powers = [d]
-        for _ in range(n_squarings):
-            powers.append(powers[-1] + 1)
-        acc = None
-        for k in reversed(self.bits):
-            acc = powers[k] if acc is None else max(acc, powers[k]) + 1
-        self.depth = acc
+        self.n_steps = len(self.plan.steps) + self.n
+        self.kx = tuple(sizes[v] for v in self.x0)
         self.pos0 = {v: p for p, v in enumerate(b0)}
         self.pos1 = {v: p for p, v in enumerate(b1)}
 
-    def build(self, delta, deadline, bar) -> Factor:
-        template = _run(self.plan, self.template_leaves, delta, deadline, bar, keep_scope=self.x0 + self.x1)
-        kx = tuple(self.template_sizes[v] for v in self.x0)
-        r = int(np.prod(kx, dtype=np.int64))
-        base = _Pow(_as_matrix(template, r), 1, template=template)
-        powers = [base]
-        for _ in range(self.n.bit_length() - 1):
-            powers.append(_mul(powers[-1], powers[-1], delta, deadline))
+    def outer_keep(self, outer_sizes: dict[int, int]) -> frozenset[int]:
+        return frozenset(self.x0) | frozenset(v for v in self.xl if v in outer_sizes)
+
+    def depth_bound(self, n_kept: int) -> int:
+        """Prunes the chain adds on any path, at most (on top of the outer plan's)."""
+        return self.plan.depth + len(self.plan.leftover) + self.n + 2 * n_kept + 4
+
+    def fold(self, rest: list[Factor], delta, deadline, bar) -> Factor:
+        """The factor over the last exits of everything: ``rest`` (the outer factors) and the chain."""
+        template = _combine_all(_run(self.plan, self.template_leaves, delta, deadline, bar), delta, deadline)
+        template = _permute(_pad_scope(template, self.x0 + self.x1, self.sizes), self.x0 + self.x1)
+        r = int(np.prod(self.kx, dtype=np.int64))
+        w = template.width
+        a = Factor((-1, -2), template.t.reshape(r, r, w), template.m.reshape(r, r, w),
+                   template.src.reshape(r, r, w), "matrix", depth=template.depth)
+        xl = set(self.xl)
+        post = [f for f in rest if xl & set(f.scope)]
+        self.carry = any(set(self.x0) & set(f.scope) for f in post)
+        pre = [f for f in rest if f not in post] + (post if self.carry else [])
+        post = [] if self.carry else post
+        v0_scope = (self.xl if self.carry else ()) + self.x0
+        v0 = _permute(_pad_scope(_combine_all(pre, delta, deadline), v0_scope, self.sizes), v0_scope)
+        lead = (r,) if self.carry else ()
+        scope = (-3, -1) if self.carry else (-1,)
+        shape = lead + (r, v0.width)
+        vs = [Factor(scope, v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape), "matrix",
+                     depth=v0.depth)]
+        for _ in range(self.n):
+            nxt = fx.combine(vs[-1], a, eliminate=-1, delta=delta, deadline=deadline)
+            nxt.scope = scope  # (-3, -2) / (-2,): the new exits take the place of the old
+            if len(vs) > 1:
+                _release(vs[-1])
+            vs.append(nxt)
             bar.update(1)
-        top = None
-        for k in reversed(self.bits):
-            if top is None:
-                top = powers[k]
-            else:
-                top = _mul(top, powers[k], delta, deadline)
-                bar.update(1)
-        shape = kx + kx + (top.f.width,)
-        t = top.f.t.reshape(shape)
-        m = top.f.m.reshape(shape)
-        src = np.broadcast_to(np.arange(top.f.width), shape)
-        scope = self.layout.first_exits + self.layout.last_exits
+        last = vs[-1]
+        t, m = last.t, last.m
+        if self.carry:  # the last exits' two indices must agree
+            t, m = t[np.arange(r), np.arange(r)], m[np.arange(r), np.arange(r)]
+        kl = tuple(self.sizes[v] for v in self.xl)
+        width = t.shape[-1]
+        src = np.broadcast_to(np.arange(width), kl + (width,))
+        self.vs, self.v0, self.template = vs, v0, template
 
-        def unfold(ctx, point, assignment, _stack):
-            a = int(np.ravel_multi_index(tuple(ctx[v] for v in self.layout.first_exits), kx))
-            c = int(np.ravel_multi_index(tuple(ctx[v] for v in self.layout.last_exits), kx))
-            self._unfold(top, 0, a, c, point, kx, assignment)
+        def unfold(ctx, point, assignment, stack):
+            self._unfold(ctx, point, assignment, stack)
 
-        return Factor(scope, t, m, src, "chain", (), None, top.f.depth, {"reconstruct": unfold})
+        chained = Factor(self.xl, t.reshape(kl + (width,)), m.reshape(kl + (width,)), src, "chain",
+                         (), None, last.depth, {"reconstruct": unfold})
+        return _combine_all([chained] + post, delta, deadline)
 
-    def _unfold(self, node: "_Pow", offset: int, a: int, c: int, point: int, kx, assignment) -> None:
-        blocks = self.layout.blocks
-        if node.template is not None:
-            local = dict(zip(self.x0, np.unravel_index(a, kx)))
-            local.update(zip(self.x1, np.unravel_index(c, kx)))
-            local = {v: int(x) for v, x in local.items()}
-            fx.reconstruct(node.template, point, local)
-            for v, conf in local.items():
-                real = blocks[offset][self.pos0[v]] if v in self.pos0 else blocks[offset + 1][self.pos1[v]]
+    def _unfold(self, ctx, point, assignment, stack) -> None:
+        blocks, kx = self.layout.blocks, self.kx
+        j = np.ravel_multi_index(tuple(ctx[v] for v in self.xl), kx)
+        j_last = j
+        wa = self.template.width
+        for k in range(self.n, 0, -1):
+            v = self.vs[k]
+            code = v.src[(j_last, j, point) if self.carry else (j, point)]
+            if (code < 0).any():
+                raise AssertionError("back-pointer to a padding point")
+            c, rest = np.divmod(code, self.vs[k - 1].width * wa)
+            i, jj = np.divmod(rest, wa)
+            local = dict(zip(self.x0, np.unravel_index(c, kx)))
+            local.update(zip(self.x1, np.unravel_index(j, kx)))
+            fx.reconstruct(self.template, jj, local)
+            for node, conf in local.items():
+                real = blocks[k - 1][self.pos0[node]] if node in self.pos0 else blocks[k][self.pos1[node]]
                 assignment[real] = conf
-            return
-        code = int(node.f.src[a, c, point])
-        wl, wr = node.left.f.width, node.right.f.width
-        b, rest = divmod(code, wl * wr)
-        i, j = divmod(rest, wr)
-        self._unfold(node.left, offset, a, b, i, kx, assignment)
-        self._unfold(node.right, offset + node.left.span, b, c, j, kx, assignment)
+            point, j = i, c
+        ctx0 = dict(zip(self.x0, np.unravel_index(j, kx)))
+        if self.carry:
+            ctx0.update((v, ctx[v]) for v in self.xl)
+        stack.append((self.v0, point, {v: ctx0[v] for v in self.v0.scope}))
 
 
-@dataclass(eq=False)
-class _Pow:
-    f: Factor                      # scope (-1, -2): joint exit configurations in and out
-    span: int                      # blocks covered
-    left: "_Pow | None" = None
-    right: "_Pow | None" = None
-    template: Factor | None = None
-
-
-def _as_matrix(template: Factor, r: int) -> Factor:
-    w = template.width
-    return Factor((-1, -2), template.t.reshape(r, r, w), template.m.reshape(r, r, w),
-                  template.src.reshape(r, r, w), "matrix", depth=template.depth)
-
-
-def _mul(x: _Pow, y: _Pow, delta, deadline) -> _Pow:
-    left = Factor((-1, -2), x.f.t, x.f.m, x.f.src, "matrix", depth=x.f.depth)
-    right = Factor((-2, -3), y.f.t, y.f.m, y.f.src, "matrix", depth=y.f.depth)
-    prod = fx.combine(left, right, eliminate=-2, delta=delta, deadline=deadline)
-    prod.scope = (-1, -2)
-    return _Pow(prod, x.span + y.span, x, y)
+def _pad_scope(f: Factor, scope: tuple[int, ...], sizes: dict[int, int]) -> Factor:
+    """``f`` widened (at no cost) to mention every node of ``scope``."""
+    for v in scope:
+        if v not in f.scope:
+            f = fx.combine(f, fx.leaf((v,), np.zeros((sizes[v], 2))))
+    return f
 
 
 def _read_out(root: Factor, g: CostGraph, kept: list[np.ndarray]):
     ok = np.isfinite(root.t)
     points = np.stack([root.t[ok], root.m[ok]], axis=1)
     index = np.flatnonzero(ok)
+    found: dict[int, np.ndarray] = {}
+    fx.reconstruct(root, index, found)
+    if len(found) != g.n_nodes:
+        missing = sorted(set(range(g.n_nodes)) - set(found))[:5]
+        raise AssertionError(f"reconstruction left nodes {missing} unassigned")
     assignments = np.empty((len(points), g.n_nodes), dtype=np.int64)
-    for row, p in enumerate(index):
-        found: dict[int, int] = {}
-        fx.reconstruct(root, int(p), found)
-        if len(found) != g.n_nodes:
-            missing = sorted(set(range(g.n_nodes)) - set(found))[:5]
-            raise AssertionError(f"reconstruction left nodes {missing} unassigned")
-        local = np.array([found[v] for v in range(g.n_nodes)], dtype=np.int64)
-        assignments[row] = [kept[v][c] for v, c in enumerate(local)]
+    for v in range(g.n_nodes):
+        assignments[:, v] = kept[v][np.broadcast_to(found[v], (len(points),))]
     return points, assignments
 
 

@@ -66,7 +66,7 @@ class _Op:
 
 
 N_DEVICES = 8
-_RECOMPUTE_MIN_ACT = 64.0   # only activation-heavy nodes offer recomputation
+_RECOMPUTE_MIN_ACT = 100.0  # only the largest activations (head, loss) offer recomputation
 _MEMORY_QUANTUM = 0.25      # memories are exact sizes: multiples of 1/4 "MiB"
 # Every (degree, in layout, out layout, recompute) tuple a node may offer.
 _CONFIG_SPACE = np.array(
@@ -91,13 +91,17 @@ def _op(rng: np.random.Generator, k: int, compute: float, params: float, act: fl
     dp = N_DEVICES // deg
     log_d = np.log2(deg)
     compute_s = compute / N_DEVICES * (1.0 + 0.08 * log_d) * (1.0 + 0.35 * recompute)
-    tp_comm_s = 0.12 * act * (deg - 1) / deg
+    # Only operators with weights need collectives: activation all-reduces over the
+    # tensor-parallel group, gradient all-reduces over the data-parallel group.
+    has_weights = params > 0
+    tp_comm_s = 0.12 * act * (deg - 1) / deg * has_weights
     dp_comm_s = 0.03 * params / deg * (dp - 1) / dp
     time = compute_s + tp_comm_s + dp_comm_s
     # Weights (with gradients and optimizer state) are sharded over the tensor-parallel group;
-    # saved activations shrink with recomputation.
-    memory = 2.0 * params / deg + act / dp * np.where(recompute == 1, 0.25, 1.0) * (1.0 + 0.5 * (deg > 1))
-    time = time * rng.uniform(0.95, 1.05)
+    # saved activations are split over all devices either way (batch or hidden), a little
+    # replicated under tensor parallelism, and shrink with recomputation.
+    memory = 2.0 * params / deg + act / N_DEVICES * np.where(recompute == 1, 0.25, 1.0) * (1.0 - 0.05 * log_d)
+    time = time * rng.uniform(0.97, 1.03)  # per node: the same on every configuration
     costs = np.stack([time, memory], axis=1)
     if dyadic:
         costs = dyadic_round(costs)
