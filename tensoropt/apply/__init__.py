@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, Sequence
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from ..plan import Plan
 from ..plan_types import ApplySpec
 from ._layout import apply_model_axes, describe_layout
 from ._validate import (
@@ -29,12 +31,48 @@ from ._validate import (
     parse_placement_str,
     validate_spec,
 )
+from ._plan import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, plan_layout
 from .measure import count_collectives, peak_memory
 
 __all__ = [
     "parallelize", "param_signature", "validate_spec", "build_mesh", "shard_batch", "global_loss",
     "full_grads", "full_params", "count_collectives", "peak_memory", "describe_layout",
+    "plan_layout", "PlanLayout", "PlanNotApplicable", "load_plan",
 ]
+
+
+def load_plan(plan: "Plan | str | os.PathLike") -> Plan:
+    """A Plan as given, or loaded from a JSON file (ValueError naming the file if corrupt)."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, os.PathLike)):
+        try:
+            return Plan.load(plan)
+        except FileNotFoundError:
+            raise ValueError(f"plan file {os.fspath(plan)!r} does not exist") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"plan file {os.fspath(plan)!r} is not a valid tensoropt plan: {err}") from None
+    raise TypeError(f"expected an ApplySpec, a Plan or a plan file path, got {type(plan).__name__}")
+
+
+def _parallelize_plan(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, graph) -> nn.Module:
+    """Frontier plan path: validate (no collectives), then lay out operator by operator."""
+    layout = plan_layout(plan, model, graph)
+    from ._validate import current_world_size
+    ws = current_world_size()
+    if ws != plan.world_size:
+        raise ValueError(f"world size {ws} does not match the plan's mesh {plan.mesh} "
+                         f"({plan.world_size} devices, planned for {plan.devices!r}); launch with "
+                         f"--nproc-per-node {plan.world_size} or re-plan for {ws} devices")
+    names = plan.mesh_axis_names
+    if mesh is not None and tuple(mesh.shape) != tuple(plan.mesh_shape):
+        raise ValueError(f"mesh {tuple(mesh.shape)} does not match the plan's mesh {tuple(plan.mesh_shape)}")
+    device_type = ensure_process_group()
+    if device_type == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    if mesh is None:
+        mesh = init_device_mesh(device_type, tuple(plan.mesh_shape), mesh_dim_names=names)
+    return apply_plan(model, layout, mesh)
 
 
 def build_mesh(spec: ApplySpec, device_type: str | None = None) -> DeviceMesh:
@@ -44,11 +82,18 @@ def build_mesh(spec: ApplySpec, device_type: str | None = None) -> DeviceMesh:
     return init_device_mesh(dt, tuple(spec.mesh.shape), mesh_dim_names=tuple(spec.mesh.axis_names))
 
 
-def parallelize(model: nn.Module, spec: ApplySpec, mesh: DeviceMesh | None = None) -> nn.Module:
+def parallelize(model: nn.Module, spec: "ApplySpec | Plan | str | os.PathLike",
+                mesh: DeviceMesh | None = None, graph=None) -> nn.Module:
     """Lay ``model`` out in place according to ``spec``; returns the model.
 
-    Must run in every rank of a torchrun launch. All validation happens before any collective.
+    ``spec``: an :class:`ApplySpec`, a frontier :class:`~tensoropt.plan.Plan` or the path of a
+    saved plan. For a Plan, ``graph`` is the model's captured OpGraph (captured again when
+    omitted); every rank passes the full global batch to ``model(...)`` and gets the global
+    loss back. Must run in every rank of a torchrun launch. All validation happens before
+    any collective.
     """
+    if not isinstance(spec, ApplySpec):
+        return _parallelize_plan(model, load_plan(spec), mesh, graph)
     validate_spec(model, spec)
     check_world_size(spec)
     device_type = ensure_process_group()

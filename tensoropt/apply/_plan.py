@@ -1,0 +1,520 @@
+"""Lay a frontier :class:`~tensoropt.plan.Plan` out exactly, operator by operator.
+
+A plan gives every captured operator a configuration (per mesh axis the label split over it).
+That fixes the layout of every operand (``strategy.term_placements``) and of the output
+(``S(d)``/``R``/``P``). The layout is executed with DTensor on the plan's full mesh:
+
+* parameters become DTensors with their first user's operand placements;
+* the model's tensor inputs become replicated DTensors (every rank passes the full batch);
+* a ``TorchFunctionMode`` active during ``forward`` recognises each captured operator when it
+  is called (innermost module FQN + function name, in capture order), redistributes each
+  operand from the producer's layout to the planned one -- the per-edge re-layouts of the
+  cost model, whose backward DTensor derives -- and runs the operator on the *local shards*,
+  wrapping the result in the planned output layout. Local execution issues no collective
+  of its own, so the collectives of a step are exactly the planned re-layouts plus the
+  parameter-gradient reductions (a post-accumulate-grad hook turns ``P`` gradients into the
+  parameter's placements). Corrections keep local execution exact: a bias under a
+  contracted split is added on one rank only, mean reductions over a split label are scaled
+  to partial sums, a vocabulary-split embedding masks foreign rows;
+* everything between operators (views, transposes) runs on DTensors with DTensor's rules.
+
+Plans whose mesh axes are all data-parallel (every batched operator splits the batch) use
+FSDP2's ``replicate`` instead (gradient all-reduce), with the batch split per rank.
+
+A choice that local execution cannot reproduce exactly -- BatchNorm splitting the batch
+(statistics over the batch) -- runs through DTensor's own rule (which gathers the batch:
+exact, but with collectives the cost model does not price; listed in ``layout.notes``).
+Operators grouped from several aten ops are rejected (``PlanNotApplicable``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..opgraph import OpGraph
+from ..plan import Plan
+from ..strategy import OpConfig, term_placements
+from ._validate import param_signature
+
+__all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan"]
+
+
+class PlanNotApplicable(ValueError):
+    """The plan names a choice the apply layer cannot lay out exactly."""
+
+
+# Captured aten name -> torch-function names that call it.
+_ALIASES = {
+    "add": {"add", "__add__", "__radd__", "__iadd__", "add_"},
+    "mul": {"mul", "__mul__", "__rmul__", "mul_"},
+    "sub": {"sub", "__sub__", "__rsub__"},
+    "cross_entropy_loss": {"cross_entropy"},
+    "relu": {"relu", "relu_"},
+    "gelu": {"gelu"},
+    "silu": {"silu"},
+    "mean": {"mean"},
+    "sum": {"sum"},
+}
+_MEAN_REDUCTIONS = ("mean",)
+_BATCH_STAT_NORMS = ("batch_norm",)
+
+
+def _aten_base(aten: str) -> str:
+    # "aten.linear.default" -> "linear"
+    parts = aten.split(".")
+    return parts[1] if len(parts) >= 2 else parts[0]
+
+
+def _func_name(func) -> str:
+    name = getattr(func, "__name__", "")
+    if not name and hasattr(func, "__func__"):
+        name = func.__func__.__name__
+    return name
+
+
+def _to_placement(p: str) -> Placement:
+    if p == "R":
+        return Replicate()
+    if p == "P":
+        return Partial()
+    m = re.match(r"^S\((\d+)\)$", p)
+    if not m:
+        raise ValueError(f"unknown placement {p!r}")
+    return Shard(int(m.group(1)))
+
+
+@dataclass
+class OpLayout:
+    index: int
+    name: str
+    module: str
+    family: str
+    base: str                              # captured aten name, e.g. "linear"
+    func_names: frozenset[str]
+    config: OpConfig
+    terms: tuple[str, ...]
+    out_term: str
+    contracted: str
+    param_names: tuple[str | None, ...]
+    want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
+    grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
+    out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
+    execution: str = "local"                # "local" or "dtensor" (DTensor's own rule)
+
+
+@dataclass
+class PlanLayout:
+    plan: Plan
+    graph: OpGraph
+    ops: list[OpLayout]
+    param_placements: dict[str, tuple[str, ...]]
+    data_axes: tuple[int, ...]
+    mode: str                               # "replicate" (all axes data-parallel) or "dtensor"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(self.plan.mesh_shape)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return self.plan.mesh_axis_names
+
+
+# ---------------------------------------------------------------------------------- layout
+
+
+def capture_for_plan(plan: Plan, model: nn.Module, inputs: tuple | None = None) -> OpGraph:
+    """Capture ``model`` again (on meta inputs) for a plan: the zoo's example inputs of
+    ``plan.model`` at the plan's batch size, sized by the model's own config."""
+    from ..capture import capture
+
+    if inputs is None:
+        from ..models import MODEL_NAMES, example_inputs
+
+        if plan.model not in MODEL_NAMES:
+            raise ValueError(f"plan is for model {plan.model!r}, which is not in the zoo: pass the "
+                             "captured graph (graph=tensoropt.capture.capture(model, inputs)) or inputs=")
+        cfg = getattr(model, "config", None)
+        overrides = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
+        batch = plan.training.get("batch_size") if plan.training else None
+        try:
+            inputs = tuple(example_inputs(plan.model, batch, device="meta", **overrides))
+        except (TypeError, ValueError):
+            inputs = tuple(example_inputs(plan.model, batch, device="meta"))
+    return capture(model, tuple(inputs), name=plan.model)
+
+
+def _is_data_axis(graph: OpGraph, cfgs: list[OpConfig], axis: int) -> bool:
+    batched = False
+    for op, cfg in zip(graph.operators, cfgs):
+        s = cfg.splits[axis]
+        labels = "".join(op.terms[0]) + op.terms[1]
+        if "b" in labels:
+            batched = True
+            if s != "b":
+                return False
+        elif s is not None:
+            return False
+    return batched
+
+
+def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> PlanLayout:
+    """Check ``plan`` against ``model`` and work out every operand's layout (no collectives)."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"expected a tensoropt Plan, got {type(plan).__name__}")
+    sig = param_signature(model)
+    if plan.param_signature and plan.param_signature != sig:
+        raise ValueError(
+            f"plan was made for another model: plan {plan.model!r} has parameter signature "
+            f"{plan.param_signature[:16]}..., this model's is {sig[:16]}... "
+            "(parameter names, shapes or dtypes differ; re-plan for this model)")
+    if graph is None:
+        graph = capture_for_plan(plan, model)
+    names_g = [o.name for o in graph.operators]
+    names_p = [o.name for o in plan.ops]
+    if names_g != names_p:
+        diff = next((i for i, (a, b) in enumerate(zip(names_g, names_p)) if a != b), min(len(names_g), len(names_p)))
+        raise ValueError(f"plan does not match the model's captured graph: operator {diff} is "
+                         f"{names_p[diff] if diff < len(names_p) else '(none)'!r} in the plan and "
+                         f"{names_g[diff] if diff < len(names_g) else '(none)'!r} in the model; re-plan")
+    ndim = len(plan.mesh_shape)
+    cfgs = []
+    for o in plan.ops:
+        cfg = OpConfig.parse(o.config)
+        if len(cfg.splits) != ndim:
+            raise ValueError(f"corrupt plan: operator {o.name} has config {o.config!r} for a "
+                             f"{ndim}-D mesh {plan.mesh_shape}")
+        cfgs.append(cfg)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    ops: list[OpLayout] = []
+    pplace: dict[str, tuple[str, ...]] = {}
+    notes: list[str] = []
+    for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
+        terms, out = op.terms
+        contracted = "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
+        for a, s in enumerate(cfg.splits):
+            if s is not None and s not in op.splittable:
+                raise PlanNotApplicable(f"operator {op.name}: config {cfg} splits label {s!r} on mesh "
+                                        f"axis m{a}, which the operator cannot split ({op.equation})")
+        if len(op.aten) != 1:
+            if all(s is None for s in cfg.splits):
+                execution = "dtensor"
+            else:
+                raise PlanNotApplicable(
+                    f"operator {op.name} ({op.module_type or op.family}) groups {len(op.aten)} aten ops "
+                    f"{op.aten}; the apply layer lays out single-op operators only (config {cfg})")
+        base = _aten_base(op.aten[0]) if op.aten else op.name
+        execution = "local"
+        if base in _BATCH_STAT_NORMS and any(s is not None and s in terms[0] and terms[0].index(s) != 1
+                                             for s in cfg.splits):
+            execution = "dtensor"
+            notes.append(f"{op.name}: BatchNorm splits the batch ({cfg}); its statistics need the whole "
+                         "batch, so DTensor gathers it (exact, collectives not in the cost model)")
+        if base == "embedding" and any(s is not None and s in contracted for s in cfg.splits) and \
+                sum(1 for s in cfg.splits if s is not None and s in contracted) > 1:
+            raise PlanNotApplicable(f"operator {op.name}: vocabulary split over several mesh axes ({cfg})")
+        want = tuple(term_placements(cfg, t) for t in terms)
+        gp = tuple(tuple(s is not None and s not in t for s in cfg.splits) for t in terms)
+        outp = term_placements(cfg, out, contracted)
+        for t, pname, w in zip(terms, op.param_names, want):
+            if pname is None:
+                continue
+            if pname not in params:
+                raise ValueError(f"operator {op.name} uses parameter {pname!r}, which the model does not have")
+            pplace.setdefault(pname, w)
+            shape = tuple(params[pname].shape)
+            cut = {}
+            for a, p in enumerate(w):
+                if p.startswith("S("):
+                    d = int(p[2:-1])
+                    cut[d] = cut.get(d, 1) * plan.mesh_shape[a]
+            for d, n in cut.items():
+                if d >= len(shape) or shape[d] % n:
+                    raise ValueError(f"operator {op.name}: parameter {pname} of shape {shape} cannot be "
+                                     f"split {n} ways on dim {d} (plan placements {w})")
+        names = frozenset(_ALIASES.get(base, {base}))
+        ops.append(OpLayout(i, op.name, op.module, op.family, base, names, cfg, tuple(terms), out,
+                            contracted, tuple(op.param_names), want, gp, outp, execution))
+    data_axes = tuple(a for a in range(ndim) if plan.mesh_shape[a] > 1 and _is_data_axis(graph, cfgs, a))
+    model_axes = [a for a in range(ndim) if plan.mesh_shape[a] > 1 and a not in data_axes]
+    mode = "replicate" if (data_axes and not model_axes
+                           and not any(o.execution == "dtensor" for o in ops)) else "dtensor"
+    if mode == "dtensor" and math.prod(plan.mesh_shape) == 1:
+        mode = "replicate"
+    zero = getattr(plan, "zero_stage", 0) or 0
+    recompute = tuple(getattr(plan, "recompute", ()) or ())
+    if mode == "dtensor" and zero:
+        raise PlanNotApplicable(
+            f"plan {plan.summary} uses ZeRO stage {zero} on mesh {plan.mesh} with model-parallel axes "
+            f"{[plan.mesh_axis_names[a] for a in model_axes]}: the apply layer shards parameters, "
+            "gradients and optimizer state only for plans whose every axis is data-parallel "
+            "(FSDP2); re-plan with zero=False or pick a data-parallel point")
+    if mode == "dtensor" and recompute:
+        raise PlanNotApplicable(
+            f"plan {plan.summary} recomputes {list(recompute)} on mesh {plan.mesh} with model-parallel "
+            "axes: recomputation of operator-level layouts is not yet applicable; re-plan with "
+            "recompute=False")
+    for fqn in recompute:
+        try:
+            model.get_submodule(fqn)
+        except AttributeError:
+            raise ValueError(f"plan recomputes module {fqn!r}, which the model does not have") from None
+    return PlanLayout(plan, graph, ops, pplace, data_axes, mode, notes)
+
+
+# ---------------------------------------------------------------------------------- apply
+
+
+def apply_plan(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> nn.Module:
+    """Lay ``model`` out in place on ``mesh`` (collective: every rank must call it)."""
+    if layout.mode == "replicate":
+        _apply_replicate(model, layout, mesh)
+    else:
+        _Runner(model, layout, mesh).install()
+    model._tensoropt_plan_layout = layout     # type: ignore[attr-defined]
+    model._tensoropt_mesh = mesh              # type: ignore[attr-defined]
+    return model
+
+
+def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> None:
+    """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 2: keep
+    parameters gathered after forward; ZeRO 3: reshard), one group per ``layers`` block and
+    the root; recomputed modules run under non-reentrant checkpointing."""
+    from . import _checkpoint_forward
+
+    zero = getattr(layout.plan, "zero_stage", 0) or 0
+    if zero:
+        from torch.distributed.fsdp import fully_shard
+
+        def wrap(m, mesh):
+            fully_shard(m, mesh=mesh, reshard_after_forward=zero == 3)
+    else:
+        from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
+    for fqn in getattr(layout.plan, "recompute", ()) or ():
+        _checkpoint_forward(model.get_submodule(fqn))
+    names = tuple(layout.axis_names[a] for a in layout.data_axes)
+    dp = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("_".join(names))
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        for block in layers:
+            if any(True for _ in block.parameters()):
+                wrap(block, mesh=dp)
+    wrap(model, mesh=dp)
+    n, r = dp.size(), dp.get_local_rank()
+
+    def pre(_m, args, kwargs):
+        batch = None
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.dim() > 0:
+                batch = a.shape[0] if batch is None else batch
+                if a.shape[0] == batch:
+                    if batch % n:
+                        raise ValueError(f"batch of {batch} does not split evenly over {n} data-parallel ranks")
+                    a = a.chunk(n, dim=0)[r].contiguous()
+            out.append(a)
+        return tuple(out), kwargs
+
+    def post(_m, _args, loss):
+        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            return loss
+        g = loss.detach().clone()
+        dist.all_reduce(g, group=dp.get_group())     # the reported value: mean over the data ranks
+        return loss + (g / n - loss).detach()
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post)
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, runner: "_Runner") -> None:
+        super().__init__()
+        self.runner = runner
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = self.runner.match(func)
+        if op is None:
+            return func(*args, **kwargs)
+        return self.runner.run(op, func, args, kwargs)
+
+
+class _Runner:
+    def __init__(self, model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> None:
+        self.model, self.layout, self.mesh = model, layout, mesh
+        self.coord = list(mesh.get_coordinate() or [])
+        self.stack: list[str] = []
+        self.pending: dict[str, list[OpLayout]] = {}
+        self.mode: _Mode | None = None
+
+    # -- setup
+    def install(self) -> None:
+        model, mesh = self.model, self.mesh
+        tied: dict[int, list[str]] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(n)
+        done: dict[int, nn.Parameter] = {}
+        for names in tied.values():
+            owner = next((n for n in names if n in self.layout.param_placements), None)
+            p = model.get_parameter(names[0])
+            pls = self.layout.param_placements.get(owner) if owner else None
+            pls = pls or tuple("R" for _ in self.layout.mesh_shape)
+            new = nn.Parameter(distribute_tensor(p.data, mesh, [_to_placement(x) for x in pls]),
+                               requires_grad=p.requires_grad)
+            new.register_post_accumulate_grad_hook(_reduce_partial_grad)
+            for n in names:
+                mod_name, _, leaf = n.rpartition(".")
+                mod = model.get_submodule(mod_name) if mod_name else model
+                setattr(mod, leaf, new)
+            done[id(p)] = new
+        for fqn, mod in model.named_modules():
+            mod.register_forward_pre_hook(self._push(fqn))
+            mod.register_forward_hook(self._pop(fqn))
+        model.register_forward_pre_hook(self._root_pre, with_kwargs=True, prepend=True)
+        model.register_forward_hook(self._root_post)
+
+    def _push(self, fqn):
+        def hook(_m, _a):
+            self.stack.append(fqn)
+        return hook
+
+    def _pop(self, fqn):
+        def hook(_m, _a, _o):
+            if self.stack and self.stack[-1] == fqn:
+                self.stack.pop()
+        return hook
+
+    def _root_pre(self, _m, args, kwargs):
+        self.pending = {}
+        for o in self.layout.ops:
+            self.pending.setdefault(o.module, []).append(o)
+        rep = [Replicate()] * self.mesh.ndim
+
+        def conv(t):
+            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+                return DTensor.from_local(t, self.mesh, rep, run_check=False)
+            return t
+        args = tuple(conv(a) for a in args)
+        kwargs = {k: conv(v) for k, v in kwargs.items()}
+        self.mode = _Mode(self)
+        self.mode.__enter__()
+        return args, kwargs
+
+    def _root_post(self, _m, _args, out):
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+        left = [o.name for q in self.pending.values() for o in q]
+        if left:
+            raise PlanNotApplicable(f"the plan's operators {left[:5]} were not seen during forward "
+                                    "(the model ran different code than it was captured with)")
+        if isinstance(out, DTensor):
+            out = out.redistribute(self.mesh, [Replicate()] * self.mesh.ndim).to_local()
+        return out
+
+    # -- execution
+    def match(self, func) -> OpLayout | None:
+        fqn = self.stack[-1] if self.stack else ""
+        queue = self.pending.get(fqn)
+        if not queue:
+            return None
+        if _func_name(func) in queue[0].func_names:
+            return queue.pop(0)
+        return None
+
+    def run(self, op: OpLayout, func, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        idx = [k for k, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        if len(idx) != len(op.terms):
+            raise PlanNotApplicable(f"operator {op.name}: captured with {len(op.terms)} tensor operands "
+                                    f"({op.terms}), called with {len(idx)}")
+        mesh = self.mesh
+        if op.execution == "dtensor":
+            for j, k in enumerate(idx):
+                flat[k] = self._as_dtensor(flat[k]).redistribute(mesh, [_to_placement(p) for p in op.want[j]])
+            a2, k2 = tree_unflatten(flat, spec)
+            out = func(*a2, **k2)
+            return out.redistribute(mesh, [_to_placement(p) for p in op.out])
+        for j, k in enumerate(idx):
+            x = self._as_dtensor(flat[k])
+            if x.requires_grad:
+                x = _ContiguousGrad.apply(x)        # redistribute's backward may slice non-contiguously
+            x = x.redistribute(mesh, [_to_placement(p) for p in op.want[j]])
+            gpl = [Partial() if op.grad_partial[j][a] else _to_placement(op.want[j][a]) for a in range(mesh.ndim)]
+            local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
+            flat[k] = self._fix_operand(op, j, _ContiguousGrad.apply(local) if local.requires_grad else local)
+        a2, k2 = tree_unflatten(flat, spec)
+        if op.base == "embedding" and any(s is not None and s in op.contracted for s in op.config.splits):
+            out = self._vocab_split_embedding(op, func, a2, k2)
+        else:
+            out = func(*a2, **k2)
+        out = self._fix_output(op, out, k2)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out = _ContiguousGrad.apply(out)
+        return DTensor.from_local(out, mesh, [_to_placement(p) for p in op.out], run_check=False)
+
+    def _as_dtensor(self, t: torch.Tensor) -> DTensor:
+        if isinstance(t, DTensor):
+            return t
+        return DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+
+    def _fix_operand(self, op: OpLayout, j: int, local: torch.Tensor) -> torch.Tensor:
+        # Bias of a contraction split over some axis: added on coordinate 0 of that axis only.
+        if op.family in ("linear", "conv", "matmul") and j > 0 and op.param_names[j] is not None:
+            for a, s in enumerate(op.config.splits):
+                if s is not None and s in op.contracted and s not in op.terms[j] and self.coord[a] != 0:
+                    return local * 0
+        return local
+
+    def _vocab_split_embedding(self, op: OpLayout, func, args, kwargs):
+        """Rows of the table live on one rank each: look up the local rows, zero the rest
+        (partial sums over the vocabulary axis)."""
+        idx, weight = args[0], args[1]
+        a = next(a for a, s in enumerate(op.config.splits) if s is not None and s in op.contracted)
+        rows = weight.shape[0]
+        lo = self.coord[a] * rows
+        foreign = (idx < lo) | (idx >= lo + rows)
+        out = func((idx - lo).masked_fill(foreign, 0), weight, *args[2:], **kwargs)
+        return out.masked_fill(foreign.unsqueeze(-1), 0.0)
+
+    def _fix_output(self, op: OpLayout, out, kwargs):
+        if op.base in ("cross_entropy_loss", "mse_loss", "nll_loss", "l1_loss") or op.base in _MEAN_REDUCTIONS:
+            reduction = kwargs.get("reduction", "mean") if isinstance(kwargs, dict) else "mean"
+            if op.base in _MEAN_REDUCTIONS or reduction == "mean":
+                n = math.prod(self.mesh.shape[a] for a, s in enumerate(op.config.splits)
+                              if s is not None and s in op.contracted)
+                if n > 1:
+                    out = out / n
+        return out
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (DTensor views of the gradient
+    between operators need it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _reduce_partial_grad(p: torch.Tensor) -> None:
+    g = p.grad
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        p.grad = g.redistribute(p.device_mesh, p.placements)

@@ -1,0 +1,194 @@
+"""Multi-process checks of ``tensoropt.parallelize(model, plan)`` for frontier plans; run under torchrun.
+
+    torchrun --standalone --nproc-per-node N tests/dist_scripts/plan_worker.py --case gpt-tiny:dp,mlp:min_time
+
+Every rank computes the same frontier (the search is deterministic) for ``cpu:N``, picks the
+case's plan, computes the single-process reference on the full batch, lays a copy out with
+``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
+and every full gradient, then 3 Adam steps and the loss after them. One step's collectives
+(forward + backward) are counted and compared with ``tensoropt.comms``' prediction. Rank 0
+prints one ``RESULT {json}`` line per case.
+
+Plans per model: dp (reference "data parallel"), tp (the first frontier plan whose every
+mesh axis is tensor-parallel, else the Megatron reference), hybrid ("megatron dp2·tp2",
+4 ranks), min_time, min_memory; a ``_plain`` suffix picks from the frontier searched without
+ZeRO and recomputation (``frontier(..., zero=False, recompute=False)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import tensoropt  # noqa: E402
+from tensoropt.apply import PlanNotApplicable, count_collectives, full_grads, parallelize, peak_memory  # noqa: E402
+from tensoropt.capture import capture  # noqa: E402
+from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
+from tensoropt.launch import emit_result  # noqa: E402
+
+# Zoo name, config overrides, batch. "mlp" is mlp-tiny widened so tensor-parallel plans pair layers.
+MODELS = {
+    "mlp": ("mlp-tiny", {"widths": (16, 64, 32, 64, 16)}, 8),
+    "gpt": ("gpt-tiny", {}, 8),
+    "cnn": ("cnn-tiny", {}, 8),
+    # Memory cases: parameters and activations dominate (see tests/test_apply_plans.py).
+    "mlp-big": ("mlp-tiny", {"widths": (512, 1024, 1024, 512)}, 256),
+    "gpt-big": ("gpt-tiny", {"d_model": 256, "n_heads": 4, "vocab_size": 512, "seq_len": 64}, 16),
+}
+LR = 1e-2
+
+
+def make_model(key: str, device: str = "cpu") -> torch.nn.Module:
+    from tensoropt.models import get_model
+    name, ov, _ = MODELS[key]
+    torch.manual_seed(0)
+    return get_model(name, device=device, **ov)
+
+
+def make_inputs(key: str, device: str = "cpu") -> tuple:
+    from tensoropt.models import example_inputs
+    name, ov, batch = MODELS[key]
+    torch.manual_seed(1)
+    return tuple(example_inputs(name, batch, device=device, **ov))
+
+
+_FRONTIERS: dict = {}
+
+
+def get_frontier(key: str, world: int, extras: bool = True):
+    """The frontier over cpu:world; ``extras=False``: without ZeRO and recomputation."""
+    if (key, world, extras) not in _FRONTIERS:
+        meta = make_model(key, "meta")
+        graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
+        f = tensoropt.frontier(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), progress=False,
+                               zero=extras, recompute=extras)
+        _FRONTIERS[(key, world, extras)] = (f, graph)
+    return _FRONTIERS[(key, world, extras)]
+
+
+def pick_plan(f, which: str, world: int):
+    if which == "dp":
+        return f.reference["data parallel"]
+    if which == "hybrid":
+        return f.reference["megatron dp2·tp2"]
+    if which == "tp":
+        for p in f.plans:
+            if all(part.startswith("tp") for part in p.summary.split("·")):
+                return p
+        return f.reference[f"megatron dp1·tp{world}"]
+    if which == "min_time":
+        return f.min_time()
+    if which == "min_memory":
+        return f.min_memory()
+    raise ValueError(f"unknown plan {which!r}")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float) -> float:
+    """max |a - b| relative to max |b|, floored at ``floor`` (gradients that are zero in exact
+    arithmetic, such as a key projection's bias, are otherwise compared noise to noise)."""
+    return float((a - b).abs().max() / max(float(b.abs().max()), floor))
+
+
+def run_case(case: str, world: int, measure: bool) -> dict:
+    key, which = case.split(":")
+    plain = which.endswith("_plain")
+    which = which.removesuffix("_plain")
+    f, graph = get_frontier(key, world, extras=not plain)
+    plan = pick_plan(f, which, world)
+    inputs = make_inputs(key)
+
+    ref = make_model(key)
+    loss_ref = ref(*inputs)
+    loss_ref.backward()
+    g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
+    opt_ref.step()
+    opt_ref.zero_grad()
+    for _ in range(2):
+        ref(*inputs).backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+    loss3_ref = float(ref(*inputs).detach())
+
+    model = make_model(key)
+    parallelize(model, plan, graph=graph)
+    layout = model._tensoropt_plan_layout
+    res = {"case": case, "world": world, "plan": plan.summary, "label": plan.label, "mesh": list(plan.mesh_shape),
+           "mode": layout.mode, "notes": layout.notes, "predicted_memory_bytes": plan.memory_bytes}
+
+    def step():
+        loss = model(*inputs)
+        loss.backward()
+        return loss
+
+    if measure:
+        out = {}
+        measured = count_collectives(lambda: out.setdefault("loss", step()))
+        loss = out["loss"]
+    else:
+        loss = step()
+        measured = None
+    res["loss"] = float(loss.detach())
+    res["loss_ref"] = float(loss_ref.detach())
+    res["loss_rel"] = abs(res["loss"] - res["loss_ref"]) / abs(res["loss_ref"])
+    grads = full_grads(model)
+    floor = 1e-4 * max(float(g.abs().max()) for g in g_ref.values())
+    errs = {n: (rel_err(grads[n], g, floor) if grads.get(n) is not None else None) for n, g in g_ref.items()}
+    res["grad_missing"] = [n for n, e in errs.items() if e is None]
+    res["grad_max_rel"] = max((e for e in errs.values() if e is not None), default=0.0)
+    res["grad_worst"] = max(errs, key=lambda n: errs[n] or 0.0)
+    if measured is not None:
+        pred = predicted_collectives(plan, graph, apply_mode=layout.mode)
+        res["predicted"] = summarize_for_backend(pred, tuple(plan.mesh_shape), "gloo")
+        res["predicted_raw"] = summarize(pred)
+        res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt.step()
+    opt.zero_grad()
+    for _ in range(2):
+        model(*inputs).backward()
+        opt.step()
+        opt.zero_grad()
+    res["loss3"] = float(model(*inputs).detach())
+    res["loss3_ref"] = loss3_ref
+    res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
+    if measure:
+        mem = peak_memory(step, model, opt)
+        res["peak_bytes"] = mem["peak_bytes"]
+        res["peak_by_category"] = mem["by_category"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True, help="comma-separated model:plan")
+    ap.add_argument("--measure", default="", help="comma-separated cases to measure")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    measure = set(filter(None, args.measure.split(",")))
+    torch.set_num_threads(1)
+    for case in args.case.split(","):
+        try:
+            res = run_case(case, world, case in measure or "all" in measure)
+            res["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            res = {"case": case, "world": world, "ok": False, "error": f"{type(e).__name__}: {e}",
+                   "not_applicable": isinstance(e, PlanNotApplicable),
+                   "trace": traceback.format_exc()[-3000:]}
+        if dist.get_rank() == 0:
+            emit_result(res)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
