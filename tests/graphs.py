@@ -30,6 +30,7 @@ from tensoropt.engine.synthetic import (  # re-exported plain builders
 
 __all__ = [
     "SHAPES",
+    "block_graphs",
     "cost_graphs",
     "random_cost_graph",
     "structure",
@@ -192,3 +193,54 @@ def random_cost_graph(
         for u, v in edges
     ]
     return _build(n, edges, nodes, tables)
+
+
+@st.composite
+def block_graphs(draw, max_k: int = 3, max_blocks: int = 5, max_cost: int = 24) -> CostGraph:
+    """Graphs of ``L`` identical blocks (declared with ``blocks=``) between a source node and
+    a sink node: ``src -> block_0 -> ... -> block_{L-1} -> sink``.
+
+    A block has 2..4 nodes with random forward edges inside; random edges go from the
+    block's exit positions to positions of the next block; ``src`` feeds block 0, the
+    last block's exits feed ``sink``, and sometimes ``src -> sink`` joins the two ends
+    directly (then the prefix and suffix of the chain are not independent).
+    """
+    size = draw(st.integers(2, 4))
+    n_blocks = draw(st.integers(2, max_blocks))
+    inner = [(a, b) for a in range(size) for b in range(a + 1, size) if draw(st.booleans())]
+    exits = sorted(draw(st.sets(st.integers(0, size - 1), min_size=1, max_size=2)))
+    inter = [(a, draw(st.integers(0, size - 1))) for a in exits]
+    ks = draw(st.lists(st.integers(1, max_k), min_size=size + 2, max_size=size + 2))
+
+    def node_table(k):
+        raw = np.array(draw(st.lists(st.integers(0, max_cost), min_size=2 * k, max_size=2 * k))).reshape(k, 2)
+        return raw / _GRID
+
+    def edge_table(ku, kv):
+        raw = np.array(draw(st.lists(st.integers(0, max_cost // 2), min_size=2 * ku * kv, max_size=2 * ku * kv)))
+        return raw.reshape(ku, kv, 2) / _GRID
+
+    block_ks = ks[:size]
+    block_nodes = [node_table(k) for k in block_ks]
+    inner_tables = [edge_table(block_ks[a], block_ks[b]) for a, b in inner]
+    inter_tables = [edge_table(block_ks[a], block_ks[b]) for a, b in inter]
+    k_src, k_sink = ks[size], ks[size + 1]
+    nodes = [("src", node_table(k_src))]
+    edges = []
+    blocks = []
+    for i in range(n_blocks):
+        base = len(nodes)
+        blocks.append(tuple(base + p for p in range(size)))
+        nodes += [(f"b{i}.{p}", block_nodes[p]) for p in range(size)]
+        edges += [(base + a, base + b, t) for (a, b), t in zip(inner, inner_tables)]
+        if i == 0:
+            edges.append((0, base, edge_table(k_src, block_ks[0])))
+        else:
+            prev = blocks[i - 1]
+            edges += [(prev[a], base + b, t) for (a, b), t in zip(inter, inter_tables)]
+    sink = len(nodes)
+    nodes.append(("sink", node_table(k_sink)))
+    edges += [(blocks[-1][a], sink, edge_table(block_ks[a], k_sink)) for a in exits]
+    if draw(st.booleans()):
+        edges.append((0, sink, edge_table(k_src, k_sink)))
+    return CostGraph.build(nodes, edges, blocks=blocks)
