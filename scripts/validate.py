@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""Validate the cost model against real training steps; fit whole-step calibration terms.
+
+    .venv/bin/python scripts/validate.py                       # world size 2, all models
+    .venv/bin/python scripts/validate.py --world 2,4 --steps 12
+    .venv/bin/python scripts/validate.py --refit               # re-analyse data/validation/report.json
+
+For each validation model (``tensoropt.validate.cases.MODELS``) and world size: the frontier
+over ``cpu:N`` priced with the measured profile, its min-time / min-memory / middle points
+(with and without ZeRO/recomputation in the search) and the reference plans, each run for
+real by the torchrun worker (``tensoropt/validate/worker.py``: median step time of the
+slowest rank, MemTracker peak memory per rank). Then the whole-step calibration
+(``tensoropt.validate.fit``) is fitted on a training half of the pairs and evaluated on the
+other half (per model alternate pairs, by predicted time), with cumulative and drop-one
+ablations of every term; the terms refitted on all pairs go to ``step_calibration.json``.
+
+Outputs (``--out``, default data/validation): report.json, predicted_vs_measured.png,
+step_calibration.json, plans/<model>_w<N>_<i>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from tensoropt.validate.fit import TERMS, StepCalibration, fit_calibration  # noqa: E402
+from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, summarize  # noqa: E402
+
+ABLATION_ORDER = ("fixed_s", "per_sharded_op_s", "per_collective_s", "optimizer_s_per_param",
+                  "compute_scale", "comm_scale")
+
+
+def measure(args) -> tuple[list[dict], list[dict]]:
+    from tensoropt.launch import run_torchrun
+    from tensoropt.validate.cases import capture_graph, select_plans
+    from tensoropt.validate.fit import step_features
+
+    plan_dir = os.path.join(args.out, "plans")
+    os.makedirs(plan_dir, exist_ok=True)
+    pairs, skipped = [], []
+    worker = os.path.join(ROOT, "tensoropt", "validate", "worker.py")
+    for world in args.world:
+        for key in args.models:
+            t0 = time.monotonic()
+            cands = select_plans(key, world, args.profile, max_plans=args.max_plans)
+            graph = capture_graph(key)
+            files, meta = [], {}
+            for i, c in enumerate(cands):
+                if not c.applicable:
+                    skipped.append({"model": key, "world": world, "role": c.role, "plan": c.plan.summary,
+                                    "predicted_time_s": c.plan.time_s,
+                                    "predicted_memory_bytes": c.plan.memory_bytes, "reason": c.reason})
+                    continue
+                path = os.path.join(plan_dir, f"{key}_w{world}_{i}.json")
+                c.plan.save(path)
+                files.append(path)
+                meta[os.path.basename(path)] = (c, step_features(c.plan, graph))
+            print(f"[validate] {key} world {world}: {len(files)} plans "
+                  f"({len(cands) - len(files)} not applicable), running ...", flush=True)
+            res = run_torchrun(worker, ["--model", key, "--plans", ",".join(files), "--steps", str(args.steps),
+                                        "--warmup", str(args.warmup)], nproc=world, timeout=args.timeout)
+            if not res.ok:
+                print(res.summary(), file=sys.stderr)
+            got = {r["plan_file"]: r for r in res.results}
+            for f in files:
+                base = os.path.basename(f)
+                c, feats = meta[base]
+                r = got.get(base)
+                if r is None or not r.get("ok"):
+                    skipped.append({"model": key, "world": world, "role": c.role, "plan": c.plan.summary,
+                                    "reason": (r or {}).get("error", "worker failed: " + res.summary(800))})
+                    continue
+                pairs.append({
+                    "model": key, "zoo": c.plan.model, "world": world, "role": c.role, "plan": c.plan.summary,
+                    "label": c.plan.label, "mesh": list(c.plan.mesh_shape), "zero_stage": c.plan.zero_stage,
+                    "recompute": list(c.plan.recompute), "apply_mode": r.get("mode"), "plan_file": f"plans/{base}",
+                    "predicted_time_s": c.plan.time_s, "predicted_breakdown": c.plan.breakdown,
+                    "predicted_memory_bytes": c.plan.memory_bytes,
+                    "measured_time_s": r["time_median_s"], "measured_time_q25_s": r["time_q25_s"],
+                    "measured_time_q75_s": r["time_q75_s"], "measured_time_min_s": r["time_min_s"],
+                    "measured_time_max_s": r["time_max_s"], "step_times_s": r["step_times_s"],
+                    "measured_memory_bytes": r["peak_bytes"], "measured_memory_fwd_bwd_bytes": r["peak_fwd_bwd_bytes"],
+                    "measured_memory_by_category_rank0": r["peak_by_category_rank0"],
+                    "measured_collectives": r["collectives"], "measured_collective_calls": r["collective_calls"],
+                    "features": feats, "loss_first": r["loss_first"], "loss_last": r["loss_last"],
+                })
+            print(f"[validate] {key} world {world}: done in {time.monotonic() - t0:.0f} s", flush=True)
+    return pairs, skipped
+
+
+def split(pairs: list[dict]) -> None:
+    """Per (model, world): sort by predicted time, alternate train / test (train first)."""
+    groups: dict = {}
+    for p in pairs:
+        groups.setdefault((p["model"], p["world"]), []).append(p)
+    for g in groups.values():
+        for i, p in enumerate(sorted(g, key=lambda q: q["predicted_time_s"])):
+            p["split"] = "train" if i % 2 == 0 else "test"
+
+
+def evaluate(cal: StepCalibration, pairs: list[dict]) -> dict:
+    if not pairs:
+        return {"n": 0}
+    pred = cal.predict([p["features"] for p in pairs])
+    meas = [p["measured_time_s"] for p in pairs]
+    return summarize(pred, meas)
+
+
+def analyse(pairs: list[dict], terms: tuple[str, ...]) -> dict:
+    split(pairs)
+    train = [p for p in pairs if p["split"] == "train"]
+    test = [p for p in pairs if p["split"] == "test"]
+    y_train = [p["measured_time_s"] for p in train]
+    raw = StepCalibration()
+    out: dict = {"terms": list(terms), "train_pairs": len(train), "test_pairs": len(test),
+                 "uncalibrated": {"train": evaluate(raw, train), "test": evaluate(raw, test),
+                                  "all": evaluate(raw, pairs)}}
+    cumulative, used = [], []
+    for t in [t for t in ABLATION_ORDER if t in terms]:
+        used.append(t)
+        cal = fit_calibration([p["features"] for p in train], y_train, used)
+        cumulative.append({"terms": list(used), "added": t, "fitted": cal.terms(),
+                           "train": evaluate(cal, train), "test": evaluate(cal, test)})
+    out["cumulative"] = cumulative
+    full = fit_calibration([p["features"] for p in train], y_train, terms)
+    out["fit_on_train"] = full.terms()
+    out["calibrated"] = {"train": evaluate(full, train), "test": evaluate(full, test), "all": evaluate(full, pairs)}
+    drop = []
+    for t in terms:
+        rest = [u for u in terms if u != t]
+        cal = fit_calibration([p["features"] for p in train], y_train, rest)
+        e = evaluate(cal, test)
+        drop.append({"dropped": t, "test": e,
+                     "test_median_error_change": e.get("median_abs_time_error", float("nan"))
+                     - out["calibrated"]["test"].get("median_abs_time_error", float("nan"))})
+    out["drop_one"] = drop
+    for p in pairs:
+        p["calibrated_time_s"] = full.predict(p["features"])
+        p["calibrated_time_error"] = (p["calibrated_time_s"] - p["measured_time_s"]) / p["measured_time_s"]
+    all_fit = fit_calibration([p["features"] for p in pairs], [p["measured_time_s"] for p in pairs], terms)
+    out["fit_on_all"] = all_fit.terms()
+    return out, all_fit
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,gpt,llama,cnn")
+    ap.add_argument("--world", default="2", help="comma-separated world sizes")
+    ap.add_argument("--profile", default="data/profiles/cpu-2core.json")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--max-plans", type=int, default=6)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--terms", default=",".join(TERMS), help="calibration terms to fit")
+    ap.add_argument("--out", default="data/validation")
+    ap.add_argument("--refit", action="store_true", help="reuse the measurements in OUT/report.json")
+    args = ap.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    args.world = [int(w) for w in args.world.split(",") if w]
+    terms = tuple(t for t in args.terms.split(",") if t)
+    os.makedirs(args.out, exist_ok=True)
+    report_path = os.path.join(args.out, "report.json")
+    t0 = time.monotonic()
+    if args.refit:
+        with open(report_path) as f:
+            old = json.load(f)
+        pairs, skipped, measured_by = old["pairs"], old["skipped"], old.get("measured_by", {})
+    else:
+        pairs, skipped = measure(args)
+        measured_by = {"command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)
+                                                                       if sys.executable.startswith(ROOT)
+                                                                       else sys.executable, *sys.argv]),
+                       "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                       "measure_wall_s": round(time.monotonic() - t0, 1)}
+    if not pairs:
+        raise SystemExit("no pair was measured")
+    calib, all_fit = analyse(pairs, terms)
+    for p in pairs:
+        p["time_error"] = float(rel_errors([p["predicted_time_s"]], [p["measured_time_s"]])[0])
+        p["memory_error"] = float(rel_errors([p["predicted_memory_bytes"]], [p["measured_memory_bytes"]])[0])
+        p["memory_fwd_bwd_error"] = float(rel_errors([p["predicted_memory_bytes"]],
+                                                      [p["measured_memory_fwd_bwd_bytes"]])[0])
+    overall = {}
+    for w in sorted({p["world"] for p in pairs}):
+        ps = [p for p in pairs if p["world"] == w]
+        s = summarize([p["predicted_time_s"] for p in ps], [p["measured_time_s"] for p in ps],
+                      [p["predicted_memory_bytes"] for p in ps], [p["measured_memory_bytes"] for p in ps])
+        s["calibrated_test"] = evaluate_split(ps, "test")
+        s["targets"] = {"pairs>=12": s["n"] >= 12, "median_abs_time_error<=0.15": s["median_abs_time_error"] <= 0.15,
+                        "spearman>=0.8": s["spearman_time"] >= 0.8,
+                        "every_memory_error<=0.10": s["max_abs_memory_error"] <= 0.10}
+        overall[f"world{w}"] = s
+    import torch
+
+    report = {
+        "format": "tensoropt.validation/1",
+        "overall": overall, "calibration": calib, "pairs": pairs, "skipped": skipped,
+        "measured_by": measured_by,
+        "environment": {"machine": platform.machine(), "processor": platform.processor(),
+                        "cpus": os.cpu_count(), "platform": platform.platform(),
+                        "python": platform.python_version(), "torch": torch.__version__,
+                        "profile": args.profile, "threads_per_rank": 1, "backend": "gloo"},
+        "method": {
+            "time": "median over timed steps of the slowest rank's wall time of loss=model(*batch); "
+                    "loss.backward(); Adam step; zero_grad(set_to_none=False); barrier before each step; "
+                    "IQR as spread",
+            "memory": "tensoropt.apply.peak_memory: torch.distributed._tools.MemTracker peak of live tensor "
+                      "storage over one whole step (forward, backward, optimizer), model and optimizer tracked, "
+                      "max over ranks; excludes allocator fragmentation and gloo's C++ buffers",
+            "predicted": "tensoropt.frontier(model, 'cpu:N', inputs=..., profile=PROFILE): Plan.time_s, "
+                         "Plan.memory_bytes",
+            "calibration": "tensoropt.validate.fit (see step_calibration.json)",
+        },
+    }
+    with open(report_path + ".tmp", "w") as f:
+        json.dump(report, f, indent=1, default=float)
+    os.replace(report_path + ".tmp", report_path)
+    all_fit.meta = {"fitted_on_pairs": len(pairs), "profile": args.profile, "report": "report.json",
+                    "date": measured_by.get("date")}
+    all_fit.save(os.path.join(args.out, "step_calibration.json"))
+    w0 = overall[next(iter(overall))]
+    plot_predicted_vs_measured(pairs, os.path.join(args.out, "predicted_vs_measured.png"),
+                               title=f"{len(pairs)} (model, plan) pairs, torch {torch.__version__}, "
+                                     f"{os.cpu_count()} CPUs, gloo; raw median |err| "
+                                     f"{w0['median_abs_time_error']:.0%}, Spearman {w0['spearman_time']:.2f}; "
+                                     f"calibrated held-out median |err| "
+                                     f"{calib['calibrated']['test'].get('median_abs_time_error', float('nan')):.0%}")
+    print(json.dumps({"overall": overall, "uncalibrated": calib["uncalibrated"], "calibrated": calib["calibrated"],
+                      "fit_on_train": calib["fit_on_train"]}, indent=1, default=float))
+    print(f"[validate] wrote {report_path} ({len(pairs)} pairs, {len(skipped)} skipped)")
+
+
+def evaluate_split(pairs: list[dict], which: str) -> dict:
+    ps = [p for p in pairs if p.get("split") == which]
+    if not ps:
+        return {"n": 0}
+    return summarize([p["calibrated_time_s"] for p in ps], [p["measured_time_s"] for p in ps])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""Validation of the cost model against real training steps, and whole-step calibration.
+
+* :mod:`.cases` -- validation models (zoo entries at CPU-friendly sizes) and plan selection;
+* :mod:`.worker` -- torchrun measurement worker (median step time, per-rank peak memory);
+* :mod:`.fit` -- whole-step calibration terms (fixed cost per step, per collective call, ...)
+  fitted on measured runs, :class:`StepCalibration`;
+* :mod:`.report` -- accuracy statistics (median absolute error, Spearman) and plots.
+
+Driver: ``scripts/validate.py``.
+"""
+
+from .fit import TERMS, StepCalibration, fit_calibration, step_features
+from .report import max_abs_rel_error, median_abs_rel_error, rel_errors, spearman
+
+__all__ = ["TERMS", "StepCalibration", "fit_calibration", "step_features", "median_abs_rel_error",
+           "max_abs_rel_error", "rel_errors", "spearman"]

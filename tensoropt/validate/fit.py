@@ -1,0 +1,164 @@
+"""Whole-step calibration: terms a micro-benchmark profile cannot see, fitted on real steps.
+
+The cost model prices a step as compute (+ recompute) + communication (gradient
+reductions + re-layouts). A real step also pays costs that per-operator micro-benchmarks
+miss: a fixed cost per step (Python, autograd engine, hooks), a fixed cost per collective
+call (launch / gloo round trip beyond the fitted alpha), per-operator dispatch overhead of
+operator-level (DTensor) layouts, the optimizer step, and a systematic compute scale. The
+calibrated step time is::
+
+    t = compute_scale * compute_s + comm_scale * comm_s
+        + per_collective_s * collective_calls + per_sharded_op_s * sharded_ops
+        + optimizer_s_per_param * local_params + fixed_s
+
+Features come from the plan alone (what the planner knows): ``compute_s`` and ``comm_s``
+from its breakdown, ``collective_calls`` from :func:`tensoropt.comms.predicted_collectives`
+(priced collectives), ``sharded_ops`` = operators when some mesh axis is model-parallel
+(else 0), ``local_params`` = this rank's parameter elements. Terms not fitted keep their
+neutral value (scales 1, the rest 0), so the uncalibrated model is the plan's own time.
+
+The fit minimises the sum of squared *relative* residuals with non-negative terms
+(``scipy.optimize.nnls`` on rows scaled by 1/measured).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "CALIBRATION_FORMAT"]
+
+CALIBRATION_FORMAT = "tensoropt.step_calibration/1"
+
+# term -> feature it multiplies ("one" for the constant)
+TERMS: dict[str, str] = {
+    "compute_scale": "compute_s",
+    "comm_scale": "comm_s",
+    "per_collective_s": "collective_calls",
+    "per_sharded_op_s": "sharded_ops",
+    "optimizer_s_per_param": "local_params",
+    "fixed_s": "one",
+}
+FEATURES = tuple(dict.fromkeys(TERMS.values()))
+NEUTRAL = {"compute_scale": 1.0, "comm_scale": 1.0}
+
+
+@dataclass
+class StepCalibration:
+    compute_scale: float = 1.0
+    comm_scale: float = 1.0
+    per_collective_s: float = 0.0
+    per_sharded_op_s: float = 0.0
+    optimizer_s_per_param: float = 0.0
+    fixed_s: float = 0.0
+    fitted: tuple[str, ...] = ()
+    meta: dict | None = None
+
+    def terms(self) -> dict[str, float]:
+        return {t: float(getattr(self, t)) for t in TERMS}
+
+    def predict(self, features: Mapping[str, float] | Sequence[Mapping[str, float]]):
+        """Calibrated step time (s) for one feature dict, or an array for a sequence of them."""
+        if isinstance(features, Mapping):
+            return float(sum(getattr(self, t) * _feat(features, f) for t, f in TERMS.items()))
+        return np.array([self.predict(f) for f in features])
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["fitted"] = list(self.fitted)
+        d["format"] = CALIBRATION_FORMAT
+        d["formula"] = ("t = compute_scale*compute_s + comm_scale*comm_s + per_collective_s*collective_calls"
+                        " + per_sharded_op_s*sharded_ops + optimizer_s_per_param*local_params + fixed_s")
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "StepCalibration":
+        if d.get("format") != CALIBRATION_FORMAT:
+            raise ValueError(f"not a step calibration (format {d.get('format')!r})")
+        kw = {f.name: d[f.name] for f in fields(StepCalibration) if f.name in d}
+        kw["fitted"] = tuple(kw.get("fitted", ()))
+        return StepCalibration(**kw)
+
+    def save(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    @staticmethod
+    def load(path) -> "StepCalibration":
+        with open(path, encoding="utf-8") as f:
+            return StepCalibration.from_dict(json.load(f))
+
+
+def _feat(features: Mapping[str, float], name: str) -> float:
+    return 1.0 if name == "one" else float(features.get(name, 0.0))
+
+
+def step_features(plan, graph=None) -> dict[str, float]:
+    """Features of one plan's step (see module doc). ``graph``: the captured OpGraph, needed
+    for the collective count (without it ``collective_calls`` is 0)."""
+    b = plan.breakdown or {}
+    comm = float(b.get("comm_s", 0.0)) + float(b.get("relayout_s", 0.0))
+    compute = float(plan.time_s) - comm
+    calls = 0
+    if graph is not None:
+        from ..comms import predicted_collectives
+
+        calls = len(predicted_collectives(plan, graph, include_unpriced=False))
+    from ..costmodel import TrainingConfig
+
+    tc = TrainingConfig(plan.training.get("precision", "fp32") if plan.training else "fp32",
+                        plan.training.get("optimizer", "adam") if plan.training else "adam")
+    per_param = tc.state_bytes_per_param[0]
+    local_params = float(b.get("param_bytes", 0.0)) / per_param
+    model_parallel = _has_model_axis(plan)
+    return {"compute_s": compute, "comm_s": comm, "collective_calls": float(calls),
+            "sharded_ops": float(len(plan.ops)) if model_parallel else 0.0,
+            "local_params": local_params, "predicted_s": float(plan.time_s)}
+
+
+def _has_model_axis(plan) -> bool:
+    """Some mesh axis (size > 1) splits something other than the batch in some operator."""
+    for a, n in enumerate(plan.mesh_shape):
+        if n <= 1:
+            continue
+        for o in plan.ops:
+            parts = o.config.split(",")
+            s = parts[a].strip() if a < len(parts) else "-"
+            if s not in ("-", "", "b", "None"):
+                return True
+    return False
+
+
+def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterable[float],
+                    terms: Sequence[str] = tuple(TERMS)) -> StepCalibration:
+    """Fit ``terms`` (others neutral) to minimise sum(((t_pred - t_meas) / t_meas)^2), terms >= 0."""
+    from scipy.optimize import nnls
+
+    y = np.asarray(list(measured_s), dtype=float)
+    if len(features) != len(y):
+        raise ValueError(f"{len(features)} feature rows, {len(y)} measurements")
+    if np.any(~np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("measured times must be positive and finite")
+    unknown = [t for t in terms if t not in TERMS]
+    if unknown:
+        raise ValueError(f"unknown terms {unknown}; known: {list(TERMS)}")
+    terms = tuple(t for t in TERMS if t in terms)
+    cal = StepCalibration(fitted=terms)
+    if not terms:
+        return cal
+    fixed = [t for t in TERMS if t not in terms]
+    offset = np.array([sum(NEUTRAL.get(t, 0.0) * _feat(f, TERMS[t]) for t in fixed) for f in features])
+    A = np.array([[_feat(f, TERMS[t]) for t in terms] for f in features], dtype=float)
+    w = 1.0 / y
+    # Scale columns to unit norm for conditioning, then undo.
+    Aw = A * w[:, None]
+    norms = np.linalg.norm(Aw, axis=0)
+    norms[norms == 0] = 1.0
+    x, _ = nnls(Aw / norms, (y - offset) * w)
+    x = x / norms
+    for t, v in zip(terms, x):
+        setattr(cal, t, float(v))
+    return cal

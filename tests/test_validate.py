@@ -1,0 +1,163 @@
+"""Validation package: whole-step calibration fit, accuracy statistics, measurement worker.
+
+No test asserts wall-clock timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from tensoropt.validate.fit import TERMS, StepCalibration, fit_calibration, step_features
+from tensoropt.validate.report import (
+    max_abs_rel_error,
+    median_abs_rel_error,
+    rankdata,
+    rel_errors,
+    spearman,
+    summarize,
+)
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+KNOWN = dict(compute_scale=1.7, comm_scale=1.3, per_collective_s=4e-4, per_sharded_op_s=1.5e-3,
+             optimizer_s_per_param=2e-8, fixed_s=0.012)
+
+
+def _synthetic_features(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        rows.append({"compute_s": float(rng.uniform(0.005, 0.08)), "comm_s": float(rng.uniform(0.0, 0.03)),
+                     "collective_calls": float(rng.integers(0, 40)),
+                     "sharded_ops": float(rng.choice([0, 20, 34, 50])),
+                     "local_params": float(rng.uniform(1e5, 2e6))})
+    return rows
+
+
+def test_fit_recovers_known_terms_exactly():
+    feats = _synthetic_features(40)
+    truth = StepCalibration(**KNOWN)
+    y = truth.predict(feats)
+    cal = fit_calibration(feats, y)
+    for t, v in KNOWN.items():
+        assert getattr(cal, t) == pytest.approx(v, rel=0.02), t
+    assert set(cal.fitted) == set(TERMS)
+
+
+def test_fit_recovers_known_terms_with_small_noise():
+    feats = _synthetic_features(400, seed=1)
+    truth = StepCalibration(**KNOWN)
+    rng = np.random.default_rng(2)
+    y = truth.predict(feats) * (1 + rng.normal(0, 0.002, len(feats)))
+    cal = fit_calibration(feats, y)
+    for t, v in KNOWN.items():
+        assert getattr(cal, t) == pytest.approx(v, rel=0.02), t
+
+
+def test_fit_subset_keeps_other_terms_neutral():
+    feats = _synthetic_features(30, seed=3)
+    truth = StepCalibration(fixed_s=0.02, per_collective_s=1e-3)
+    y = truth.predict(feats)
+    cal = fit_calibration(feats, y, ["fixed_s", "per_collective_s"])
+    assert cal.fixed_s == pytest.approx(0.02, rel=0.02)
+    assert cal.per_collective_s == pytest.approx(1e-3, rel=0.02)
+    assert cal.compute_scale == 1.0 and cal.comm_scale == 1.0 and cal.per_sharded_op_s == 0.0
+    # uncalibrated = the plan's own time = compute + comm
+    raw = StepCalibration()
+    assert raw.predict({"compute_s": 0.01, "comm_s": 0.002, "collective_calls": 5}) == pytest.approx(0.012)
+
+
+def test_fit_rejects_bad_input():
+    feats = _synthetic_features(3)
+    with pytest.raises(ValueError):
+        fit_calibration(feats, [0.1, 0.2])
+    with pytest.raises(ValueError):
+        fit_calibration(feats, [0.1, -0.2, 0.3])
+    with pytest.raises(ValueError):
+        fit_calibration(feats, [0.1, 0.2, 0.3], ["no_such_term"])
+
+
+def test_calibration_json_round_trip(tmp_path):
+    cal = StepCalibration(**KNOWN, fitted=("fixed_s",), meta={"pairs": 3})
+    path = tmp_path / "cal.json"
+    cal.save(path)
+    back = StepCalibration.load(path)
+    assert back.terms() == cal.terms() and back.fitted == ("fixed_s",)
+    with pytest.raises(ValueError):
+        StepCalibration.from_dict({"format": "something else"})
+
+
+def test_error_statistics_by_hand():
+    pred, meas = [110, 90, 100, 150], [100, 100, 100, 100]
+    assert rel_errors(pred, meas).tolist() == pytest.approx([0.1, -0.1, 0.0, 0.5])
+    assert median_abs_rel_error(pred, meas) == pytest.approx(0.1)     # median of 0, .1, .1, .5
+    assert max_abs_rel_error(pred, meas) == pytest.approx(0.5)
+    s = summarize(pred, meas, [2, 4], [2, 5])
+    assert s["n"] == 4 and s["max_abs_memory_error"] == pytest.approx(0.2)
+
+
+def test_spearman_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 100, 1000]) == pytest.approx(1.0)           # ranks, not values
+    # ties: b's ranks are 1, 2, 3.5, 5, 3.5 -> Pearson of ranks = 8 / sqrt(10 * 9.5)
+    assert rankdata([5, 6, 7, 8, 7]).tolist() == [1, 2, 3.5, 5, 3.5]
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / math.sqrt(95))
+    assert math.isnan(spearman([1], [1]))
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 5, 30), rng.normal(size=30)
+    assert spearman(a, b) == pytest.approx(scipy_stats.spearmanr(a, b).statistic)
+
+
+def test_step_features_of_a_frontier_plan():
+    import tensoropt
+    from tensoropt.validate.cases import capture_graph, make_inputs, make_model
+
+    f = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", inputs=make_inputs("mlp-small", "meta"),
+                           progress=False)
+    graph = capture_graph("mlp-small")
+    dp = f.reference["data parallel"]
+    feats = step_features(dp, graph)
+    assert feats["compute_s"] + feats["comm_s"] == pytest.approx(dp.time_s)
+    assert feats["sharded_ops"] == 0                           # all axes data-parallel
+    assert feats["collective_calls"] >= 1                      # gradient all-reduces
+    assert StepCalibration().predict(feats) == pytest.approx(dp.time_s)
+
+
+def test_worker_end_to_end_world2(tmp_path):
+    """One small real run of the measurement worker at world size 2 (gloo, CPU)."""
+    pytest.importorskip("torch.distributed")
+    import tensoropt
+    from tensoropt.launch import run_torchrun
+    from tensoropt.validate.cases import make_inputs, make_model
+
+    if not hasattr(tensoropt, "parallelize"):
+        pytest.skip("tensoropt.parallelize is not available")
+    f = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", inputs=make_inputs("mlp-small", "meta"),
+                           progress=False, zero=False, recompute=False)
+    plans = {"dp": f.reference["data parallel"], "min_time": f.min_time()}
+    files = []
+    for name, p in plans.items():
+        path = tmp_path / f"{name}.json"
+        p.save(path)
+        files.append(str(path))
+    res = run_torchrun(os.path.join(ROOT, "tensoropt", "validate", "worker.py"),
+                       ["--model", "mlp-small", "--plans", ",".join(files), "--steps", "3", "--warmup", "1"],
+                       nproc=2, timeout=240)
+    assert res.ok, res.summary()
+    assert len(res.results) == 2, res.summary()
+    for r, p in zip(res.results, plans.values()):
+        assert r["ok"], r.get("trace") or r
+        assert r["world"] == 2 and r["plan"] == p.summary
+        assert len(r["step_times_s"]) == 3 and all(t > 0 for t in r["step_times_s"])
+        assert r["time_q25_s"] <= r["time_median_s"] <= r["time_q75_s"]
+        assert r["peak_bytes"] > 0 and r["peak_fwd_bwd_bytes"] > 0
+        assert r["memory_method"]
+        assert math.isfinite(r["loss_first"]) and math.isfinite(r["loss_last"])
+        json.dumps(r)
