@@ -175,6 +175,11 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
     """Check ``plan`` against ``model`` and work out every operand's layout (no collectives)."""
     if not isinstance(plan, Plan):
         raise TypeError(f"expected a tensoropt Plan, got {type(plan).__name__}")
+    if getattr(plan, "stages", ()) or getattr(plan, "microbatches", 1) > 1:
+        raise PlanNotApplicable(
+            f"plan {plan.summary} is a pipeline plan ({len(plan.stages)} stage plans, "
+            f"{getattr(plan, 'microbatches', 1)} micro-batches): the apply layer does not run pipeline "
+            "schedules yet; pick a plan without pipeline stages")
     sig = param_signature(model)
     if plan.param_signature and plan.param_signature != sig:
         raise ValueError(
