@@ -187,7 +187,8 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     line, = ax.step(times * scale, mems * mscale, where="post", color=color, linewidth=1.8, zorder=3,
                     label=f"frontier: {name} ({len(plans)} plans)")
     colour = line.get_color()
-    ax.plot(times * scale, mems * mscale, "o", color=colour, markersize=3 if len(plans) > 50 else 5, zorder=4)
+    ax.plot(times * scale, mems * mscale, "o", color=colour, markersize=3 if len(plans) > 50 else 5, zorder=4,
+            gid="frontier-points")
     # the region no plan reaches: below-left of the staircase
     far_t, far_m = times.max() * scale * 10, mems.max() * mscale * 10
     xs = np.concatenate([[0], times * scale, [far_t]])
@@ -349,6 +350,7 @@ def plot_frontiers(frontiers, labels: Sequence[str] | None = None, ax=None, memo
         t = np.array([p.time_s for p in f.plans]) / d * scale
         m = np.array([p.memory_bytes for p in f.plans]) * mscale
         line, = ax.step(t, m, where="post", linewidth=1.8, marker="o", markersize=3 if len(t) > 50 else 4,
+                        gid=f"frontier-{len(ax.lines)}",
                         label=f"{lab}: {_fmt_time(f.plans[0].time_s / d, scale, unit)} at "
                               f"{f.plans[0].memory_bytes * mscale:.3g} {munit} … "
                               f"{_fmt_time(f.plans[-1].time_s / d, scale, unit)} at "
