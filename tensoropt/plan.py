@@ -46,6 +46,10 @@ class Plan:
     epsilon: float = 0.0
     zero_stage: int = 0                              # ZeRO stage on the data-parallel axes
     recompute: tuple[str, ...] = ()                  # modules whose activations are recomputed
+    # Pipeline plans: mesh axis 0 is the pipeline axis; one plan per distinct stage (first,
+    # a middle one standing for all middle stages, last), each per micro-batch.
+    stages: tuple["Plan", ...] = ()
+    microbatches: int = 1
 
     @property
     def mesh_axis_names(self) -> tuple[str, ...]:
@@ -113,6 +117,7 @@ class Plan:
             kw["mesh_links"] = tuple(d["mesh_links"])
             kw["ops"] = tuple(OpChoice(**o) for o in d["ops"])
             kw["recompute"] = tuple(d.get("recompute", ()))
+            kw["stages"] = tuple(Plan.from_dict({**st, "format": PLAN_FORMAT}) for st in d.get("stages", ()))
             return Plan(**kw)
         except (KeyError, TypeError) as err:
             raise ValueError(f"corrupt plan: {err}") from None

@@ -72,7 +72,10 @@ def _signature(op: Operator, owns: bool) -> tuple:
 
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
-                  recompute: bool = True) -> MeshProblem:
+                  recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0) -> MeshProblem:
+    """``activation_factor`` multiplies saved activations (micro-batches in flight in a
+    pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
+    iteration, where the rest of a stage's cost is per micro-batch)."""
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     cache: dict[tuple, tuple[tuple[OpConfig, ...], tuple[NodeCost, ...]]] = {}
@@ -96,8 +99,9 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     in_unit = {i for _, ops in units for i in ops}
     nodes = []
     for i, (op, cs) in enumerate(zip(graph.operators, costs)):
-        act = 0 if i in in_unit else 1
-        nodes.append((op.name, np.array([[c.time_s, c.memory_bytes - (1 - act) * c.activation_bytes] for c in cs])))
+        act = 0.0 if i in in_unit else activation_factor
+        nodes.append((op.name, np.array([[c.compute_s + comm_factor * c.comm_s,
+                                          c.memory_bytes + (act - 1) * c.activation_bytes] for c in cs])))
     input_bytes = []
     for u, (name, ops) in enumerate(units):
         node = len(nodes)
@@ -107,10 +111,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
         input_bytes.append(tuple(kept))
         for j, i in enumerate(ops):
             table = np.zeros((2, len(costs[i]), 2))
-            table[0, :, 1] = [c.activation_bytes for c in costs[i]]
+            table[0, :, 1] = [activation_factor * c.activation_bytes for c in costs[i]]
             table[1, :, 0] = [c.forward_s for c in costs[i]]
             if j == 0:
-                table[1, :, 1] = kept
+                table[1, :, 1] = activation_factor * np.asarray(kept)
             edges.append((node, i, table))
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)

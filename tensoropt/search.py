@@ -155,6 +155,7 @@ def frontier(
     max_mesh_dims: int = 3,
     zero: bool = True,
     recompute: bool = True,
+    pipeline: bool = True,
     time_limit_s: float | None = None,
     progress: bool | None = None,
     references: bool = True,
@@ -172,24 +173,26 @@ def frontier(
     ``zero``: also search ZeRO stages 2 and 3 on the data-parallel axes (stage 1 moves the same
     bytes as stage 2 and keeps more, so it never reaches the frontier in this cost model).
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
+    ``pipeline``: also search pipeline stages over the repeated blocks (1F1B; see ``pipeline``).
     """
     start = time.monotonic()
     scaling = parse_scaling(devices)
     if scaling is not None:
         n_max, device = scaling
-        graph, module = _capture(model, inputs, batch_size)
+        graph, module, recapture = _capture(model, inputs, batch_size)
         per_count = {}
         for n in device_counts(n_max):
-            per_count[n] = _search(graph, module, f"{n}x{device}", precision, optimizer, profile, epsilon,
-                                   max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
+            per_count[n] = _search(graph, module, recapture if pipeline else None, f"{n}x{device}", precision,
+                                   optimizer, profile, epsilon, max_mesh_dims, zero, recompute, time_limit_s,
+                                   progress, references, start)
         return ScalingFrontier.merge(graph.name, device, per_count)
-    graph, module = _capture(model, inputs, batch_size)
-    return _search(graph, module, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero,
-                   recompute, time_limit_s, progress, references, start)
+    graph, module, recapture = _capture(model, inputs, batch_size)
+    return _search(graph, module, recapture if pipeline else None, devices, precision, optimizer, profile,
+                   epsilon, max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
 
 
-def _search(graph, module, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero, recompute,
-            time_limit_s, progress, references, start) -> Frontier:
+def _search(graph, module, recapture, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero,
+            recompute, time_limit_s, progress, references, start) -> Frontier:
     cluster = parse_devices(devices)
     if precision is None:
         precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
@@ -212,11 +215,25 @@ def _search(graph, module, devices, precision, optimizer, profile, epsilon, max_
         for i, (pt, a) in enumerate(zip(result.points, result.assignments)):
             points.append(pt)
             owners_.append((len(problems) - 1, a))
-    pts = np.array(points)
+    label = devices if isinstance(devices, str) else str(cluster)
+    ready: list[Plan] = []
+    if recapture is not None and graph.blocks and cluster.world_size > 1:
+        from .pipeline import microbatch_counts, pipeline_plans, stage_counts
+
+        for p in stage_counts(len(graph.blocks), cluster.world_size):
+            for m in microbatch_counts(graph.batch_size, p):
+                remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
+                ready += pipeline_plans(recapture(graph.batch_size // m), cluster, p, m, cost_for,
+                                        TrainingConfig(precision, optimizer), signature, label, epsilon,
+                                        max_mesh_dims, recompute, remaining)
+    pts = np.array(points + [(p.time_s, p.memory_bytes) for p in ready])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]
-    ctx = _Context(graph, cluster, cost_for(meshes[0]), signature, epsilon, devices if isinstance(devices, str) else str(cluster))
+    ctx = _Context(graph, cluster, cost_for(meshes[0]), signature, epsilon, label)
     for s in keep:
+        if s >= len(points):
+            plans.append(ready[s - len(points)])
+            continue
         m, a = owners_[s]
         plans.append(plan_from_assignment(ctx, problems[m], a))
     refs = _reference_plans(ctx, problems) if references else {}
@@ -232,7 +249,8 @@ def _show(progress: bool | None) -> bool:
     return progress if progress is not None else sys.stderr.isatty()
 
 
-def _capture(model, inputs, batch_size) -> tuple[OpGraph, Any]:
+def _capture(model, inputs, batch_size):
+    """(graph, module, recapture): ``recapture(b)`` captures the same model at batch ``b``."""
     import torch
 
     from .capture import capture
@@ -243,8 +261,9 @@ def _capture(model, inputs, batch_size) -> tuple[OpGraph, Any]:
         name = model
         if inputs is None:
             inputs = example_inputs(name, batch_size)
-        model = get_model(name)
-        return capture(model, tuple(inputs), name=name), model
+        module = get_model(name)
+        graph = capture(module, tuple(inputs), name=name)
+        return graph, module, lambda b: capture(module, tuple(example_inputs(name, b)), name=name)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
     if inputs is None:
@@ -252,7 +271,20 @@ def _capture(model, inputs, batch_size) -> tuple[OpGraph, Any]:
                          "meta tensors are fine (torch.empty(shape, device='meta'))")
     if batch_size is not None:
         raise ValueError("batch_size applies to zoo model names; for a module, size the example inputs")
-    return capture(model, tuple(inputs)), model
+    inputs = tuple(inputs)
+    graph = capture(model, inputs)
+    return graph, model, lambda b: capture(model, _rebatch(inputs, graph.batch_size, b))
+
+
+def _rebatch(inputs: tuple, batch: int, b: int) -> tuple:
+    """Meta tensors like ``inputs`` with every batch-sized dim 0 cut to ``b``."""
+    import torch
+
+    def cut(x):
+        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
+            return torch.empty((b, *x.shape[1:]), dtype=x.dtype, device="meta")
+        return x
+    return tuple(cut(x) for x in inputs)
 
 
 def _param_signature(module) -> str:

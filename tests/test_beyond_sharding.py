@@ -24,8 +24,9 @@ def gpt_graph():
 
 
 def test_zero_and_recompute_reach_strictly_lower_memory():
-    full = tensoropt.frontier("gpt-tiny", "4xA100-80GB", progress=False)
-    ops_only = tensoropt.frontier("gpt-tiny", "4xA100-80GB", zero=False, recompute=False, progress=False)
+    full = tensoropt.frontier("gpt-tiny", "4xA100-80GB", pipeline=False, progress=False)
+    ops_only = tensoropt.frontier("gpt-tiny", "4xA100-80GB", zero=False, recompute=False, pipeline=False,
+                                  progress=False)
     assert full.min_memory().memory_bytes < ops_only.min_memory().memory_bytes
     assert full.min_memory().zero_stage > 0 or full.min_memory().recompute
     # the richer space never loses a point of the smaller one
@@ -99,7 +100,7 @@ def test_device_count_axis():
     assert parse_scaling("up to 8xA100-80GB") == (8, "A100-80GB")
     assert parse_scaling("8xA100-80GB") is None
     assert device_counts(8) == [1, 2, 4, 8] and device_counts(6) == [1, 2, 4, 6]
-    s = tensoropt.frontier("gpt-tiny", "up to 4xA100-80GB", progress=False, max_mesh_dims=1)
+    s = tensoropt.frontier("gpt-tiny", "up to 4xA100-80GB", progress=False, max_mesh_dims=1, pipeline=False)
     assert isinstance(s, ScalingFrontier) and sorted(s.frontiers) == [1, 2, 4]
     df = s.to_pandas()
     assert {"devices", "time_s", "memory_bytes", "device_hours"} <= set(df.columns)
@@ -120,3 +121,72 @@ def test_device_count_axis():
         s.best(memory_budget=1000)
     with pytest.raises(ValueError, match="objective"):
         s.best(objective="cost")
+
+
+# ---- pipeline stages -------------------------------------------------------------------------
+from tensoropt.pipeline import (check_pipeline, compose_stages, microbatch_counts, pipeline_plans,  # noqa: E402
+                                split_stages, stage_counts)
+
+
+def test_stage_and_microbatch_choices():
+    assert stage_counts(12, 8) == [2, 4] and stage_counts(2, 4) == [2] and stage_counts(1, 8) == []
+    assert microbatch_counts(8, 2) == [2, 4, 8] and microbatch_counts(6, 4) == []
+
+
+def test_bad_pipeline_requests_are_clear_errors():
+    g = capture(get_model("gpt-tiny"), example_inputs("gpt-tiny"))   # 2 blocks, batch 8
+    with pytest.raises(ValueError, match="only 2 repeated blocks"):
+        check_pipeline(g, 4, 4, 8)
+    with pytest.raises(ValueError, match="do not divide the batch"):
+        check_pipeline(g, 2, 3, 8)
+    with pytest.raises(ValueError, match="at least as many micro-batches"):
+        check_pipeline(g, 2, 1, 8)
+
+
+def test_stage_split_covers_every_operator_once():
+    g = capture(get_model("gpt-tiny", n_layers=4), example_inputs("gpt-tiny", n_layers=4))
+    specs = split_stages(g, 4)
+    assert [s.index for s in specs] == [0, 1, 3] and [s.in_flight for s in specs] == [4, 3, 1]
+    two = split_stages(g, 2)
+    assert sorted(i for s in two for i in s.ops) == list(range(len(g.operators)))
+
+
+def test_stage_composition_equals_brute_force():
+    rng = np.random.default_rng(0)
+    fronts = []
+    for k in (5, 4, 6):
+        t = np.sort(rng.uniform(1, 10, k))
+        m = np.sort(rng.uniform(1, 10, k))[::-1]
+        fronts.append(np.stack([t, m], axis=1))
+    pts, picks = compose_stages(fronts, scale=3.0, p2p_s=0.5)
+    combos = [(3.0 * (max(a[0], b[0], c[0]) + 0.5), max(a[1], b[1], c[1]))
+              for a in fronts[0] for b in fronts[1] for c in fronts[2]]
+    from tensoropt.engine.reference import pareto_points
+    np.testing.assert_allclose(pts, pareto_points(np.array(combos)))
+    for (t, m), pick in zip(pts, picks):
+        chosen = [f[i] for f, i in zip(fronts, pick)]
+        assert t == pytest.approx(3.0 * (max(c[0] for c in chosen) + 0.5))
+        assert m == pytest.approx(max(c[1] for c in chosen))
+
+
+def test_pipeline_plans_follow_the_1f1b_formulas():
+    from tensoropt.search import _capture, _cost_models
+    from tensoropt.plan import Plan
+
+    g, _, recapture = _capture("gpt-tiny", None, None)
+    cluster = parse_devices("4xA100-80GB")
+    training = TrainingConfig("bf16-mixed")
+    plans = pipeline_plans(recapture(2), cluster, 2, 4, _cost_models(cluster, training, None), training,
+                           "sig", "4xA100-80GB", 0.0, 1, True)
+    assert plans and all(p.mesh_shape[0] == 2 and p.microbatches == 4 and len(p.stages) == 2 for p in plans)
+    for p in plans:
+        slowest = max(s.time_s for s in p.stages)
+        assert slowest == p.breakdown["stage_s"]
+        assert p.time_s == pytest.approx((4 + 2 - 1) * (slowest + p.breakdown["p2p_s"]))
+        assert p.memory_bytes == max(s.memory_bytes for s in p.stages)
+    # the first stage keeps 2 micro-batches of activations in flight, the last one
+    first = plans[0].stages[0]
+    assert Plan.from_json(plans[0].to_json()) == plans[0]
+    assert first.label == "stage 0" and plans[0].stages[1].label == "stage 1"
+    times = [p.time_s for p in plans]
+    assert times == sorted(times)

@@ -1,0 +1,204 @@
+"""Pipeline stages with replication (DAPPLE-style) inside the frontier.
+
+The repeated blocks of the model are cut into ``p`` equal stages (the first stage also
+holds what comes before the blocks, the last what comes after); each stage runs on its own
+sub-mesh of ``world / p`` devices with its own per-operator plan (data and tensor
+parallelism inside the stage, searched by the same engine). The global batch is split
+into ``m >= p`` micro-batches run with the 1F1B schedule:
+
+* time  = (m + p − 1) · (slowest stage's time per micro-batch + its send/recv), i.e. the
+  bubble fraction is (p − 1)/(m + p − 1) (Narayanan et al. 2021); each stage's parameter
+  gradient traffic happens once per iteration, so it enters the per-micro-batch stage
+  cost divided by (m + p − 1);
+* memory = max over stages, stage ``s`` (0-based) keeping the activations of up to
+  ``p − s`` micro-batches in flight (DAPPLE; the first stage is the peak).
+
+Stages are solved separately and composed exactly under (max, max): for every memory
+threshold μ each stage takes its fastest plan within μ. Stages between the first and the
+last are planned with stage 1's in-flight count (p − 1), an upper bound for later ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .engine import solve
+from .engine.pareto import prune_rows
+from .mesh import Cluster, Mesh
+from .opgraph import Edge, OpGraph
+
+__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec"]
+
+
+def stage_counts(n_blocks: int, world: int) -> list[int]:
+    """Stage counts p > 1 that divide both the device count and the number of blocks."""
+    return [p for p in range(2, min(n_blocks, world) + 1) if world % p == 0 and n_blocks % p == 0]
+
+
+def microbatch_counts(batch: int, p: int, options: tuple[int, ...] = (1, 2, 4)) -> list[int]:
+    """m = k·p for k in ``options`` where m divides the batch (1F1B needs m >= p)."""
+    return [k * p for k in options if batch % (k * p) == 0]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    index: int                 # 0 = first
+    ops: tuple[int, ...]       # operator indices (of the full graph) in this stage
+    in_flight: int             # micro-batches of activations kept (1F1B)
+
+
+def check_pipeline(graph: OpGraph, stages: int, microbatches: int, batch: int) -> None:
+    """``batch``: the global batch the micro-batches split."""
+    n = len(graph.blocks)
+    if stages > max(n, 1):
+        raise ValueError(f"{stages} pipeline stages but the model has only {n} repeated blocks "
+                         f"(layers); use at most {n} stages")
+    if n % stages:
+        raise ValueError(f"{n} blocks do not split evenly into {stages} stages")
+    if batch % microbatches:
+        raise ValueError(f"{microbatches} micro-batches do not divide the batch of {batch}")
+    if microbatches < stages:
+        raise ValueError(f"1F1B needs at least as many micro-batches as stages ({microbatches} < {stages})")
+
+
+def split_stages(graph: OpGraph, stages: int) -> list[StageSpec]:
+    """Equal runs of blocks; the first stage also holds the operators before the first block,
+    the last those after the last block. Stage 1 stands for every middle stage."""
+    blocks = graph.blocks
+    per = len(blocks) // stages
+    first, last = min(blocks[0]), max(blocks[-1])
+    n = len(graph.operators)
+    out = []
+    for s in range(stages):
+        ops = [i for b in blocks[s * per:(s + 1) * per] for i in b]
+        if s == 0:
+            ops = list(range(first)) + ops
+        if s == stages - 1:
+            ops = ops + list(range(last + 1, n))
+        out.append(StageSpec(s, tuple(sorted(ops)), stages - s))
+    keep = [0] + ([1] if stages > 2 else []) + [stages - 1]
+    return [out[s] for s in keep]
+
+
+def sub_graph(graph: OpGraph, ops: tuple[int, ...]) -> tuple[OpGraph, dict[int, int]]:
+    index = {old: new for new, old in enumerate(ops)}
+    operators = tuple(graph.operators[i] for i in ops)
+    edges = tuple(Edge(index[e.src], index[e.dst], e.operand, e.dim_map) for e in graph.edges
+                  if e.src in index and e.dst in index)
+    blocks = tuple(tuple(index[i] for i in b) for b in graph.blocks if all(i in index for i in b))
+    sub = replace(graph, operators=operators, edges=edges, blocks=blocks if len(blocks) > 1 else ())
+    return sub, index
+
+
+def boundary_bytes(graph: OpGraph, stage_ops: tuple[int, ...], itemsize_scale) -> float:
+    """Bytes of the activations that cross into this stage from earlier stages."""
+    inside = set(stage_ops)
+    total = 0.0
+    seen = set()
+    for e in graph.edges:
+        if e.dst in inside and e.src not in inside and e.src not in seen:
+            seen.add(e.src)
+            out = graph.operators[e.src].output
+            total += out.nbytes * itemsize_scale(out)
+    return total
+
+
+def stage_cluster(cluster: Cluster, stages: int) -> tuple[Cluster, object]:
+    """The sub-cluster one stage runs on, and the link between consecutive stages."""
+    per_stage = cluster.world_size // stages
+    if per_stage >= cluster.per_node:
+        sub = replace(cluster, n_nodes=per_stage // cluster.per_node)
+        return sub, cluster.inter_link
+    sub = replace(cluster, n_nodes=1, per_node=per_stage)
+    link = cluster.intra_link if cluster.per_node % (per_stage * stages) == 0 or cluster.n_nodes == 1 \
+        else cluster.inter_link
+    return sub, link
+
+
+def compose_stages(fronts: list[np.ndarray], scale: float, p2p_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(max, max) composition. ``fronts[k]``: (n_k, 2) stage frontier, time ascending.
+    Returns the composite frontier (time = scale · (max stage time + p2p), memory = max) and,
+    per composite point, the index chosen in each stage frontier."""
+    thresholds = np.unique(np.concatenate([f[:, 1] for f in fronts]))
+    rows, picks = [], []
+    for mu in thresholds:
+        choice = []
+        for f in fronts:
+            ok = np.flatnonzero(f[:, 1] <= mu)
+            if len(ok) == 0:
+                break
+            choice.append(int(ok[0]))           # fastest point within mu (time ascending)
+        else:
+            t = scale * (max(f[c, 0] for f, c in zip(fronts, choice)) + p2p_s)
+            m = max(f[c, 1] for f, c in zip(fronts, choice))
+            rows.append((t, m))
+            picks.append(choice)
+    pts = np.array(rows)
+    _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
+    keep = [int(s) for s in src[0] if s >= 0]
+    return pts[keep], np.array([picks[k] for k in keep])
+
+
+def solve_stage(problem, epsilon: float, time_limit_s):
+    res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False)
+    return res
+
+
+def meshes_for(sub: Cluster, max_dims: int) -> list[Mesh]:
+    from .search import distinct_meshes
+
+    return distinct_meshes(sub, max_dims)
+
+
+def pipeline_plans(mb_graph: OpGraph, cluster: Cluster, stages: int, microbatches: int, cost_for, training,
+                   signature: str, devices: str, epsilon: float, max_mesh_dims: int, recompute: bool,
+                   time_limit_s=None) -> list:
+    """The frontier plans of one (stage count, micro-batch count) choice; ``mb_graph`` is the
+    model captured at the micro-batch size."""
+    from .collectives import send_recv_s
+    from .plan import Plan
+    from .planner import build_problem
+    from .search import _Context, plan_from_assignment
+
+    check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
+    sub, link = stage_cluster(cluster, stages)
+    specs = split_stages(mb_graph, stages)
+    scale = microbatches + stages - 1
+    out = []
+    for mesh in meshes_for(sub, max_mesh_dims):
+        cm = cost_for(mesh)
+        fronts, solved = [], []
+        for spec in specs:
+            g, _ = sub_graph(mb_graph, spec.ops)
+            problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
+                                    activation_factor=spec.in_flight, comm_factor=1.0 / scale)
+            res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False)
+            fronts.append(res.points)
+            solved.append((g, problem, res))
+        # activations cross each boundary forward and their gradients backward, each device
+        # sending its share
+        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm._scale) / mesh.size, 2,
+                                  link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+        points, picks = compose_stages(fronts, scale, p2p)
+        for (t, m), pick in zip(points, picks):
+            stage_plans = []
+            for spec, (g, problem, res), k in zip(specs, solved, pick):
+                ctx = _Context(g, sub, cm, signature, epsilon, devices)
+                stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k],
+                                                        label=f"stage {spec.index}"))
+            slowest = max(sp.time_s for sp in stage_plans)
+            peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
+            breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
+                         **{k: v for k, v in peak.breakdown.items() if k.endswith("_bytes")}}
+            summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
+            if any(sp.recompute for sp in stage_plans):
+                summary += " rc"
+            out.append(Plan(mb_graph.name, devices, (stages, *mesh.shape), (link.name, *(l.name for l in mesh.links)),
+                            float(t), float(m), summary, tuple(o for sp in stage_plans for o in sp.ops), breakdown,
+                            {"precision": training.precision, "optimizer": training.optimizer,
+                             "batch_size": mb_graph.batch_size * microbatches},
+                            signature, "", epsilon, 0, tuple(r for sp in stage_plans for r in sp.recompute),
+                            tuple(stage_plans), microbatches))
+    return out
