@@ -287,3 +287,18 @@ def test_time_limit():
     with pytest.raises(SolveTimeout, match=r"time_limit_s=0.01.*Raise the limit, pass epsilon > 0"):
         solve(g, time_limit_s=0.01)
     assert issubclass(SolveTimeout, TimeoutError)
+
+
+def test_block_pruned_sums_match_dense(monkeypatch):
+    # Force the segment-pair pruning of factors.sum_prune onto small graphs.
+    fx = importlib.import_module("tensoropt.engine.factors")
+    monkeypatch.setattr(fx, "BLOCK_MIN_POINTS", 1)
+    monkeypatch.setattr(fx, "_SEG_F", 2)
+    monkeypatch.setattr(fx, "_SEG_G", 2)
+    for seed in range(8):
+        g = random_cost_graph(seed, max_assignments=8192, max_k=5)
+        result = solve(g)
+        assert_same_frontier(result.points, brute_force_frontier(g)[0])
+        assert_assignments_exact(g, result)
+    g = transformer_graph(4, k_range=(3, 6), seed=2)
+    assert_same_frontier(solve(g).points, solve(g, use_blocks=False).points)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pareto import prune_rows
+from .pareto import Staircase, _positions_in_rows, prune_rows, strictly_dominated
 
 # Largest number of candidate points materialised at once before a combine is chunked.
 CHUNK_POINTS = 1 << 22
@@ -106,21 +106,112 @@ def combine(
         if deadline is not None and _time.monotonic() > deadline:
             raise SolveTimeout("time limit reached during a combine")
         sl = slice(a0, min(a0 + step, lead))
-        tt = _rows(ft, sl, out_dims)[..., :, None] + _rows(gt, sl, out_dims)[..., None, :]
-        mm = _rows(fm, sl, out_dims)[..., :, None] + _rows(gm, sl, out_dims)[..., None, :]
-        chunk_dims = tt.shape[: len(order)]
-        if eliminate is not None:
-            chunk_dims = chunk_dims[:-1]
-        tt = np.broadcast_to(tt, chunk_dims + (n_elim,) * (eliminate is not None) + (wf, wg))
-        mm = np.broadcast_to(mm, tt.shape)
+        parts = [_rows(a, sl, out_dims) for a in (ft, fm, gt, gm)]
+        full = np.broadcast_shapes(parts[0].shape[:-1], parts[2].shape[:-1])
+        chunk_dims = full[:-1] if eliminate is not None else full
         n_rows = int(np.prod(chunk_dims, dtype=np.int64))
-        pt, pm, ps = prune_rows(tt.reshape(n_rows, points_per_row), mm.reshape(n_rows, points_per_row), delta)
+        f_t, f_m = (np.broadcast_to(a, full + (wf,)).reshape(n_rows, n_elim, wf) for a in parts[:2])
+        g_t, g_m = (np.broadcast_to(a, full + (wg,)).reshape(n_rows, n_elim, wg) for a in parts[2:])
+        pt, pm, ps = sum_prune(f_t, f_m, g_t, g_m, delta)
         pieces.append((chunk_dims, pt, pm, ps))
     width = max(p[1].shape[1] for p in pieces)
     t_out = np.concatenate([_pad(p[1], width, np.inf).reshape(p[0] + (width,)) for p in pieces], axis=0 if out_dims else -1)
     m_out = np.concatenate([_pad(p[2], width, np.inf).reshape(p[0] + (width,)) for p in pieces], axis=0 if out_dims else -1)
     s_out = np.concatenate([_pad(p[3], width, -1).reshape(p[0] + (width,)) for p in pieces], axis=0 if out_dims else -1)
     return Factor(kept, t_out, m_out, s_out, "combine", (f, g), eliminate, max(f.depth, g.depth) + 1)
+
+
+# Sums with at least this many candidates per row are built block by block (see sum_prune).
+BLOCK_MIN_POINTS = 1 << 14
+_SEG_F, _SEG_G = 32, 16
+
+
+def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
+    """Row ``r`` of the result: the pruned union over ``c`` of ``f[r, c] ⊕ g[r, c]``.
+
+    ``f_*``: (rows, n_c, wf), ``g_*``: (rows, n_c, wg), frontiers sorted by time, inf-padded.
+    Returns ``prune_rows``' ``(t, m, src)`` with ``src = (c * wf + i) * wg + j``.
+
+    Wide sums are not materialised: both frontiers are cut into segments of consecutive
+    points, and a pair of segments is skipped when its ideal point (least time, least
+    memory of the pair) is strictly dominated by the row's *supported* points — the optima
+    of a few weighted sums ``t + λ m``, which separate over ``f`` and ``g`` and so cost
+    O(wf + wg) per ``c`` and weight. Skipped pairs hold only dominated points: exact.
+    """
+    rows, n_c, wf = f_t.shape
+    wg = g_t.shape[2]
+    if n_c * wf * wg < BLOCK_MIN_POINTS or wf < 2 * _SEG_F:
+        t = (f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1)
+        m = (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1)
+        return prune_rows(t, m, delta)
+    stairs = Staircase(*prune_rows(*_supported_points(f_t, f_m, g_t, g_m))[:2])
+    bg = min(_SEG_G, wg)
+    ft, fm = (_pad_to(a, _SEG_F) for a in (f_t, f_m))
+    gt, gm = (_pad_to(a, bg) for a in (g_t, g_m))
+    nf, ng = ft.shape[2] // _SEG_F, gt.shape[2] // bg
+    ft, fm = ft.reshape(rows, n_c, nf, _SEG_F), fm.reshape(rows, n_c, nf, _SEG_F)
+    gt, gm = gt.reshape(rows, n_c, ng, bg), gm.reshape(rows, n_c, ng, bg)
+    ideal_t = (ft.min(-1)[..., :, None] + gt.min(-1)[..., None, :]).reshape(rows, -1)
+    ideal_m = (fm.min(-1)[..., :, None] + gm.min(-1)[..., None, :]).reshape(rows, -1)
+    alive = np.isfinite(ideal_t) & ~strictly_dominated(ideal_t, ideal_m, stairs)
+    r, blk = np.nonzero(alive)
+    c, sf, sg = np.unravel_index(blk, (n_c, nf, ng))
+    cand_t = (ft[r, c, sf][:, :, None] + gt[r, c, sg][:, None, :]).reshape(len(r), -1)
+    cand_m = (fm[r, c, sf][:, :, None] + gm[r, c, sg][:, None, :]).reshape(len(r), -1)
+    i = sf[:, None] * _SEG_F + np.arange(_SEG_F)[None, :]
+    j = sg[:, None] * bg + np.arange(bg)[None, :]
+    code = ((c[:, None, None] * wf + i[:, :, None]) * wg + j[:, None, :]).reshape(len(r), -1)
+    pos = _positions_in_rows(r, rows)
+    n_blocks = max(int(pos.max(initial=-1)) + 1, 1)
+    per = _SEG_F * bg
+    t = np.full((rows, n_blocks, per), np.inf)
+    m = np.full((rows, n_blocks, per), np.inf)
+    codes = np.full((rows, n_blocks, per), -1, dtype=np.int64)
+    t[r, pos], m[r, pos], codes[r, pos] = cand_t, cand_m, code
+    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), delta)
+    src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
+    return pt, pm, src
+
+
+def _supported_points(f_t, f_m, g_t, g_m):
+    """Per row, the candidates minimising ``a t + b m`` for a spread of weights (real points)."""
+    rows = f_t.shape[0]
+    finite_t = f_t[np.isfinite(f_t)]
+    finite_m = f_m[np.isfinite(f_m)]
+    t_span = float(np.ptp(finite_t)) if finite_t.size else 1.0
+    m_span = float(np.ptp(finite_m)) if finite_m.size else 1.0
+    ratio = (t_span or 1.0) / (m_span or 1.0)
+    weights = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, ratio * 2.0**k) for k in range(-6, 7)]
+    pts_t, pts_m = [], []
+    rr = np.arange(rows)[:, None]
+    cc = np.arange(f_t.shape[1])[None, :]
+    for a, b in weights:
+        # Lexicographic tie-break for the pure objectives keeps the optimum a real frontier point.
+        fs = _score(f_t, f_m, a, b)
+        gs = _score(g_t, g_m, a, b)
+        i = np.argmin(fs, axis=-1)
+        j = np.argmin(gs, axis=-1)
+        tot = np.take_along_axis(fs, i[..., None], -1)[..., 0] + np.take_along_axis(gs, j[..., None], -1)[..., 0]
+        c = np.argmin(tot, axis=-1)
+        ic, jc = i[rr[:, 0], c], j[rr[:, 0], c]
+        pts_t.append(f_t[rr[:, 0], c, ic] + g_t[rr[:, 0], c, jc])
+        pts_m.append(f_m[rr[:, 0], c, ic] + g_m[rr[:, 0], c, jc])
+    del cc
+    return np.stack(pts_t, axis=1), np.stack(pts_m, axis=1)
+
+
+def _score(t, m, a, b):
+    with np.errstate(invalid="ignore"):
+        s = a * t + b * m if a and b else (t if a else m)
+    return np.where(np.isfinite(t), s, np.inf)
+
+
+def _pad_to(a: np.ndarray, seg: int) -> np.ndarray:
+    extra = -a.shape[-1] % seg
+    if not extra:
+        return a
+    pad = np.full(a.shape[:-1] + (extra,), np.inf if a.dtype.kind == "f" else -1, dtype=a.dtype)
+    return np.concatenate([a, pad], axis=-1)
 
 
 def _rows(arr: np.ndarray, sl: slice, out_dims: tuple[int, ...]) -> np.ndarray:

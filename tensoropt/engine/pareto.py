@@ -89,35 +89,53 @@ _PREFILTER_SAMPLE = 16   # one candidate in this many builds the staircase
 _PREFILTER_BUCKETS = 512
 
 
-def _prefilter(t: np.ndarray, m: np.ndarray):
-    """Drop points strictly dominated by a staircase built from a sample of each row.
+class Staircase:
+    """Per-row staircases (pruned rows, inf-padded) in a form that tests points in O(1).
 
-    The staircase is the exact frontier of every ``_PREFILTER_SAMPLE``-th point. Time is cut
-    into buckets per row; ``best[b]`` is the least staircase memory among points at least one
-    whole bucket faster than bucket ``b`` starts, so a point in bucket ``b`` with more memory
-    than ``best[b]`` is strictly dominated by a real point of its row, whatever the rounding.
+    Time is cut into buckets per row; ``best[b]`` is the least staircase memory among points
+    at least one whole bucket faster than bucket ``b`` starts, so a point in bucket ``b`` with
+    more memory than ``best[b]`` is strictly dominated by a staircase point, whatever the
+    rounding of the bucket arithmetic.
+    """
+
+    def __init__(self, st: np.ndarray, sm: np.ndarray, buckets: int = 512):
+        rows = st.shape[0]
+        finite = np.isfinite(st)
+        self.t_lo = np.where(finite[:, 0], st[:, 0], np.inf)
+        t_hi = np.max(np.where(finite, st, -np.inf), axis=1)
+        span = np.where(finite[:, 0], t_hi - self.t_lo, 0.0)
+        self.scale = (buckets - 2) / np.where(span > 0, span, 1.0)
+        self.buckets = buckets
+        with np.errstate(invalid="ignore"):
+            first = np.ceil((st - self.t_lo[:, None]) * self.scale[:, None]) + 1
+        first = np.where(finite, np.minimum(first, buckets), buckets).astype(np.int64)
+        best = np.full((rows, buckets + 1), np.inf)
+        rr = np.broadcast_to(np.arange(rows)[:, None], st.shape)
+        np.minimum.at(best, (rr, first), sm)
+        np.minimum.accumulate(best, axis=1, out=best)
+        best[:, buckets] = np.inf  # the bucket of points faster than the whole staircase
+        self.best = best
+
+
+def strictly_dominated(t: np.ndarray, m: np.ndarray, stairs: Staircase) -> np.ndarray:
+    """Whether each point of row ``r`` (``t``, ``m``: (rows, n)) is strictly dominated by a
+    point of staircase row ``r`` (False is always safe: it only means "not shown")."""
+    b = stairs.buckets
+    with np.errstate(invalid="ignore"):
+        bucket = np.floor((t - stairs.t_lo[:, None]) * stairs.scale[:, None])
+    bucket = np.where((bucket >= 0) & (bucket < b), bucket, np.where(bucket >= b, b - 1, b))
+    return m > np.take_along_axis(stairs.best, bucket.astype(np.int64), axis=1)
+
+
+def _prefilter(t: np.ndarray, m: np.ndarray):
+    """Drop points strictly dominated by a staircase built from a sample of each row
+    (the exact frontier of every ``_PREFILTER_SAMPLE``-th point; see :class:`Staircase`).
     Returns ``(t, m, cols)`` of the survivors, padded with inf and column -1 (or None when
     too few points would go).
     """
     rows, width = t.shape
     st, sm, _ = prune_rows(t[:, ::_PREFILTER_SAMPLE], m[:, ::_PREFILTER_SAMPLE])
-    finite = np.isfinite(st)
-    t_lo = st[:, 0]
-    t_hi = np.max(np.where(finite, st, -np.inf), axis=1)
-    span = np.where(finite[:, 0], t_hi - t_lo, 0.0)
-    scale = (_PREFILTER_BUCKETS - 2) / np.where(span > 0, span, 1.0)
-    with np.errstate(invalid="ignore"):
-        first_bucket = np.ceil((st - t_lo[:, None]) * scale[:, None]) + 1
-    first_bucket = np.where(finite, first_bucket, _PREFILTER_BUCKETS).astype(np.int64)
-    best = np.full((rows, _PREFILTER_BUCKETS + 1), np.inf)
-    rr = np.broadcast_to(np.arange(rows)[:, None], st.shape)
-    np.minimum.at(best, (rr, np.minimum(first_bucket, _PREFILTER_BUCKETS)), sm)
-    np.minimum.accumulate(best, axis=1, out=best)
-    best[:, _PREFILTER_BUCKETS] = np.inf  # the bucket of points faster than the staircase
-    with np.errstate(invalid="ignore"):
-        bucket = np.floor((t - t_lo[:, None]) * scale[:, None])
-    bucket = np.where((bucket >= 0) & np.isfinite(bucket), np.minimum(bucket, _PREFILTER_BUCKETS - 1), _PREFILTER_BUCKETS)
-    alive = (m <= np.take_along_axis(best, bucket.astype(np.int64), axis=1)) & np.isfinite(t)
+    alive = ~strictly_dominated(t, m, Staircase(st, sm)) & np.isfinite(t)
     r, c = np.nonzero(alive)
     if len(r) > 0.5 * t.size:
         return None
