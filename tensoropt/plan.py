@@ -47,7 +47,8 @@ class Plan:
     zero_stage: int = 0                              # ZeRO stage on the data-parallel axes
     recompute: tuple[str, ...] = ()                  # modules whose activations are recomputed
     # Pipeline plans: mesh axis 0 is the pipeline axis; one plan per distinct stage (first,
-    # a middle one standing for all middle stages, last), each per micro-batch.
+    # a middle one standing for all middle stages, last), each per micro-batch. ``ops`` then
+    # lists those stages' operators with configs on the stage sub-mesh (mesh_shape[1:]).
     stages: tuple["Plan", ...] = ()
     microbatches: int = 1
 

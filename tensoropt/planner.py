@@ -95,6 +95,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edge_cache[key] = edge_cost_table(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
         edges.append((e.src, e.dst, edge_cache[key]))
 
+    edges += _tied_parameter_edges(graph, configs, mesh, cost_model)
     units = recompute_units(graph) if recompute else []
     in_unit = {i for _, ops in units for i in ops}
     nodes = []
@@ -119,6 +120,40 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg)
+
+
+def _tied_parameter_edges(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> list:
+    """A later user of a tied parameter (lm_head using tok_emb.weight) works on the first
+    user's copy: moving it to the layout it needs and its gradient back is an edge between them."""
+    from .strategy import term_placements
+
+    first: dict[str, tuple[int, int]] = {}
+    out = []
+    for i, op in enumerate(graph.operators):
+        terms, _ = op.terms
+        for k, pname in enumerate(op.param_names):
+            if pname is None:
+                continue
+            if pname not in first:
+                first[pname] = (i, k)
+                continue
+            j, kj = first[pname]
+            if j == i:
+                continue
+            owner = graph.operators[j]
+            spec = op.operands[k]
+            nbytes = spec.nbytes * cost_model._scale(spec)
+            have = [term_placements(c, owner.terms[0][kj]) for c in configs[j]]
+            want = [term_placements(c, terms[k]) for c in configs[i]]
+            table = np.zeros((len(have), len(want), 2))
+            none = (False,) * mesh.ndim
+            for a, h in enumerate(have):
+                for b, w in enumerate(want):
+                    same = tuple(x == y for x, y in zip(h, w))
+                    table[a, b, 0] = (cost_model.redistribute_s(nbytes, h, w, same, none, mesh)
+                                      + cost_model.redistribute_s(nbytes, w, h, same, none, mesh))
+            out.append((j, i, table))
+    return out
 
 
 def _unit_input_bytes(op: Operator, cfgs, mesh: Mesh, cost_model: CostModel) -> list[float]:
