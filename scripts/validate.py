@@ -37,8 +37,9 @@ import numpy as np  # noqa: E402
 from tensoropt.validate.fit import TERMS, StepCalibration, fit_calibration  # noqa: E402
 from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, summarize  # noqa: E402
 
-ABLATION_ORDER = ("fixed_s", "per_sharded_op_s", "per_collective_s", "optimizer_s_per_param",
-                  "compute_scale", "comm_scale")
+ABLATION_ORDER = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s",
+                  "optimizer_s_per_param", "comm_scale")
+DEFAULT_TERMS = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s")
 
 
 def measure(args) -> tuple[list[dict], list[dict]]:
@@ -65,7 +66,7 @@ def measure(args) -> tuple[list[dict], list[dict]]:
                 path = os.path.join(plan_dir, f"{key}_w{world}_{i}.json")
                 c.plan.save(path)
                 files.append(path)
-                meta[os.path.basename(path)] = (c, step_features(c.plan, graph))
+                meta[os.path.basename(path)] = (c, step_features(c.plan, graph, c.apply_mode))
             print(f"[validate] {key} world {world}: {len(files)} plans "
                   f"({len(cands) - len(files)} not applicable), running ...", flush=True)
             res = run_torchrun(worker, ["--model", key, "--plans", ",".join(files), "--steps", str(args.steps),
@@ -90,6 +91,9 @@ def measure(args) -> tuple[list[dict], list[dict]]:
                     "measured_time_s": r["time_median_s"], "measured_time_q25_s": r["time_q25_s"],
                     "measured_time_q75_s": r["time_q75_s"], "measured_time_min_s": r["time_min_s"],
                     "measured_time_max_s": r["time_max_s"], "step_times_s": r["step_times_s"],
+                    "measured_cpu_time_s": r["cpu_time_median_s"], "measured_cpu_time_q25_s": r["cpu_time_q25_s"],
+                    "measured_cpu_time_q75_s": r["cpu_time_q75_s"], "step_cpu_times_s": r["cpu_times_s"],
+                    "loadavg_1min": r["loadavg_1min"],
                     "measured_memory_bytes": r["peak_bytes"], "measured_memory_fwd_bwd_bytes": r["peak_fwd_bwd_bytes"],
                     "measured_memory_by_category_rank0": r["peak_by_category_rank0"],
                     "measured_collectives": r["collectives"], "measured_collective_calls": r["collective_calls"],
@@ -109,62 +113,75 @@ def split(pairs: list[dict]) -> None:
             p["split"] = "train" if i % 2 == 0 else "test"
 
 
-def evaluate(cal: StepCalibration, pairs: list[dict]) -> dict:
+METRICS = {"wall": "measured_time_s", "cpu": "measured_cpu_time_s"}
+
+
+def evaluate(cal: StepCalibration, pairs: list[dict], key: str = "measured_time_s") -> dict:
     if not pairs:
         return {"n": 0}
     pred = cal.predict([p["features"] for p in pairs])
-    meas = [p["measured_time_s"] for p in pairs]
+    meas = [p[key] for p in pairs]
     return summarize(pred, meas)
 
 
-def analyse(pairs: list[dict], terms: tuple[str, ...]) -> dict:
+def analyse(pairs: list[dict], terms: tuple[str, ...], metric: str = "wall") -> dict:
+    """Fit on the train split, evaluate on the test split, ablations; ``metric``: wall or cpu."""
+    key = METRICS[metric]
     split(pairs)
     train = [p for p in pairs if p["split"] == "train"]
     test = [p for p in pairs if p["split"] == "test"]
-    y_train = [p["measured_time_s"] for p in train]
+    y_train = [p[key] for p in train]
+
+    def ev(cal, ps):
+        return evaluate(cal, ps, key)
+
     raw = StepCalibration()
-    out: dict = {"terms": list(terms), "train_pairs": len(train), "test_pairs": len(test),
-                 "uncalibrated": {"train": evaluate(raw, train), "test": evaluate(raw, test),
-                                  "all": evaluate(raw, pairs)}}
+    out: dict = {"metric": metric, "measured": key, "terms": list(terms), "train_pairs": len(train), "test_pairs": len(test),
+                 "uncalibrated": {"train": ev(raw, train), "test": ev(raw, test),
+                                  "all": ev(raw, pairs)}}
     cumulative, used = [], []
-    for t in [t for t in ABLATION_ORDER if t in terms]:
+    for t in ABLATION_ORDER:          # every term, in order, whether or not it is in ``terms``
         used.append(t)
         cal = fit_calibration([p["features"] for p in train], y_train, used)
         cumulative.append({"terms": list(used), "added": t, "fitted": cal.terms(),
-                           "train": evaluate(cal, train), "test": evaluate(cal, test)})
+                           "train": ev(cal, train), "test": ev(cal, test)})
     out["cumulative"] = cumulative
     full = fit_calibration([p["features"] for p in train], y_train, terms)
     out["fit_on_train"] = full.terms()
-    out["calibrated"] = {"train": evaluate(full, train), "test": evaluate(full, test), "all": evaluate(full, pairs)}
+    out["calibrated"] = {"train": ev(full, train), "test": ev(full, test), "all": ev(full, pairs)}
     drop = []
     for t in terms:
         rest = [u for u in terms if u != t]
         cal = fit_calibration([p["features"] for p in train], y_train, rest)
-        e = evaluate(cal, test)
+        e = ev(cal, test)
         drop.append({"dropped": t, "test": e,
                      "test_median_error_change": e.get("median_abs_time_error", float("nan"))
                      - out["calibrated"]["test"].get("median_abs_time_error", float("nan"))})
     out["drop_one"] = drop
+    suffix = "" if metric == "wall" else f"_{metric}"
     for p in pairs:
-        p["calibrated_time_s"] = full.predict(p["features"])
-        p["calibrated_time_error"] = (p["calibrated_time_s"] - p["measured_time_s"]) / p["measured_time_s"]
-    all_fit = fit_calibration([p["features"] for p in pairs], [p["measured_time_s"] for p in pairs], terms)
+        p[f"calibrated{suffix}_time_s"] = full.predict(p["features"])
+        p[f"calibrated{suffix}_time_error"] = (p[f"calibrated{suffix}_time_s"] - p[key]) / p[key]
+    all_fit = fit_calibration([p["features"] for p in pairs], [p[key] for p in pairs], terms)
     out["fit_on_all"] = all_fit.terms()
     return out, all_fit
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="mlp,gpt,llama,cnn")
+    ap.add_argument("--models", default="mlp,gpt,llama,cnn,gpt-wide")
     ap.add_argument("--world", default="2", help="comma-separated world sizes")
     ap.add_argument("--profile", default="data/profiles/cpu-2core.json")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-plans", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--terms", default=",".join(TERMS), help="calibration terms to fit")
+    ap.add_argument("--terms", default=",".join(DEFAULT_TERMS),
+                    help=f"calibration terms to fit (of {','.join(TERMS)})")
     ap.add_argument("--out", default="data/validation")
     ap.add_argument("--refit", action="store_true", help="reuse the measurements in OUT/report.json")
+    ap.add_argument("--calibration", default=None,
+                    help="also evaluate this step_calibration.json (fitted on an earlier run) on every pair")
     args = ap.parse_args()
     args.models = [m for m in args.models.split(",") if m]
     args.world = [int(w) for w in args.world.split(",") if w]
@@ -176,6 +193,17 @@ def main() -> None:
         with open(report_path) as f:
             old = json.load(f)
         pairs, skipped, measured_by = old["pairs"], old["skipped"], old.get("measured_by", {})
+        from tensoropt.plan import Plan
+        from tensoropt.validate.cases import apply_mode, capture_graph
+        from tensoropt.validate.fit import step_features
+
+        graphs: dict = {}
+        for p in pairs:          # features from the saved plans (the feature definitions may have changed)
+            if p["model"] not in graphs:
+                graphs[p["model"]] = capture_graph(p["model"])
+            plan = Plan.load(os.path.join(args.out, p["plan_file"]))
+            p["features"] = step_features(plan, graphs[p["model"]], apply_mode(p["model"], plan, graphs[p["model"]]))
+        measured_by["refit_command"] = " ".join(shlex.quote(a) for a in sys.argv)
     else:
         pairs, skipped = measure(args)
         measured_by = {"command": " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable, ROOT)
@@ -185,18 +213,34 @@ def main() -> None:
                        "measure_wall_s": round(time.monotonic() - t0, 1)}
     if not pairs:
         raise SystemExit("no pair was measured")
-    calib, all_fit = analyse(pairs, terms)
+    calib, all_fit = analyse(pairs, terms, "wall")
+    if args.calibration:
+        prev = StepCalibration.load(args.calibration)
+        calib["earlier_run_calibration"] = {"file": args.calibration, "terms": prev.terms(), "meta": prev.meta,
+                                            "all_pairs": evaluate(prev, pairs)}
+        for p in pairs:
+            p["earlier_calibration_time_s"] = prev.predict(p["features"])
+    calib_cpu, all_fit_cpu = analyse(pairs, terms, "cpu")
     for p in pairs:
         p["time_error"] = float(rel_errors([p["predicted_time_s"]], [p["measured_time_s"]])[0])
         p["memory_error"] = float(rel_errors([p["predicted_memory_bytes"]], [p["measured_memory_bytes"]])[0])
         p["memory_fwd_bwd_error"] = float(rel_errors([p["predicted_memory_bytes"]],
                                                       [p["measured_memory_fwd_bwd_bytes"]])[0])
+        p["cpu_time_error"] = float(rel_errors([p["predicted_time_s"]], [p["measured_cpu_time_s"]])[0])
+        p["memory_by_category"] = memory_categories(p)
+        resident = sum(v["measured_rank0"] for k, v in p["memory_by_category"].items() if k in _CATEGORIES)
+        # diagnostic: the categories the cost model prices (rank 0's PARAM+GRAD+OPT+ACT at the peak)
+        p["memory_resident_error_rank0"] = (p["predicted_memory_bytes"] - resident) / resident if resident else None
     overall = {}
     for w in sorted({p["world"] for p in pairs}):
         ps = [p for p in pairs if p["world"] == w]
         s = summarize([p["predicted_time_s"] for p in ps], [p["measured_time_s"] for p in ps],
                       [p["predicted_memory_bytes"] for p in ps], [p["measured_memory_bytes"] for p in ps])
         s["calibrated_test"] = evaluate_split(ps, "test")
+        cpu = summarize([p["predicted_time_s"] for p in ps], [p["measured_cpu_time_s"] for p in ps])
+        s["cpu_time"] = {"uncalibrated": cpu, "calibrated_test": evaluate_split(ps, "test", "cpu")}
+        s["loadavg_1min_during_timing"] = [min(p["loadavg_1min"][0] for p in ps),
+                                           max(p["loadavg_1min"][1] for p in ps)]
         s["targets"] = {"pairs>=12": s["n"] >= 12, "median_abs_time_error<=0.15": s["median_abs_time_error"] <= 0.15,
                         "spearman>=0.8": s["spearman_time"] >= 0.8,
                         "every_memory_error<=0.10": s["max_abs_memory_error"] <= 0.10}
@@ -205,7 +249,7 @@ def main() -> None:
 
     report = {
         "format": "tensoropt.validation/1",
-        "overall": overall, "calibration": calib, "pairs": pairs, "skipped": skipped,
+        "overall": overall, "calibration": calib, "calibration_cpu_time": calib_cpu, "pairs": pairs, "skipped": skipped,
         "measured_by": measured_by,
         "environment": {"machine": platform.machine(), "processor": platform.processor(),
                         "cpus": os.cpu_count(), "platform": platform.platform(),
@@ -229,6 +273,8 @@ def main() -> None:
     all_fit.meta = {"fitted_on_pairs": len(pairs), "profile": args.profile, "report": "report.json",
                     "date": measured_by.get("date")}
     all_fit.save(os.path.join(args.out, "step_calibration.json"))
+    all_fit_cpu.meta = dict(all_fit.meta, metric="process CPU time per step")
+    all_fit_cpu.save(os.path.join(args.out, "step_calibration_cpu.json"))
     w0 = overall[next(iter(overall))]
     plot_predicted_vs_measured(pairs, os.path.join(args.out, "predicted_vs_measured.png"),
                                title=f"{len(pairs)} (model, plan) pairs, torch {torch.__version__}, "
@@ -237,15 +283,30 @@ def main() -> None:
                                      f"calibrated held-out median |err| "
                                      f"{calib['calibrated']['test'].get('median_abs_time_error', float('nan')):.0%}")
     print(json.dumps({"overall": overall, "uncalibrated": calib["uncalibrated"], "calibrated": calib["calibrated"],
-                      "fit_on_train": calib["fit_on_train"]}, indent=1, default=float))
+                      "fit_on_train": calib["fit_on_train"], "cpu_calibrated": calib_cpu["calibrated"],
+                      "cpu_fit_on_train": calib_cpu["fit_on_train"]}, indent=1, default=float))
     print(f"[validate] wrote {report_path} ({len(pairs)} pairs, {len(skipped)} skipped)")
 
 
-def evaluate_split(pairs: list[dict], which: str) -> dict:
+def evaluate_split(pairs: list[dict], which: str, metric: str = "wall") -> dict:
     ps = [p for p in pairs if p.get("split") == which]
     if not ps:
         return {"n": 0}
-    return summarize([p["calibrated_time_s"] for p in ps], [p["measured_time_s"] for p in ps])
+    suffix = "" if metric == "wall" else f"_{metric}"
+    return summarize([p[f"calibrated{suffix}_time_s"] for p in ps], [p[METRICS[metric]] for p in ps])
+
+
+_CATEGORIES = {"param_bytes": "PARAM", "grad_bytes": "GRAD", "optimizer_bytes": "OPT", "activation_bytes": "ACT"}
+
+
+def memory_categories(p: dict) -> dict:
+    """Predicted breakdown next to rank 0's MemTracker categories at the step's peak (TEMP,
+    BUFFER and OTH have no predicted counterpart)."""
+    b, m = p["predicted_breakdown"], p["measured_memory_by_category_rank0"]
+    out = {k: {"predicted": float(b.get(k, 0.0)), "measured_rank0": int(m.get(v, 0))} for k, v in _CATEGORIES.items()}
+    out["temporaries"] = {"predicted": 0.0, "measured_rank0": int(m.get("TEMP", 0))}
+    out["buffers_other"] = {"predicted": 0.0, "measured_rank0": int(m.get("BUFFER", 0)) + int(m.get("OTH", 0))}
+    return out
 
 
 if __name__ == "__main__":

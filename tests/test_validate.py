@@ -130,6 +130,26 @@ def test_step_features_of_a_frontier_plan():
     assert StepCalibration().predict(feats) == pytest.approx(dp.time_s)
 
 
+def test_calibrated_frontier_reprices_and_prunes():
+    import tensoropt
+    from tensoropt.validate.cases import capture_graph, make_inputs, make_model
+    from tensoropt.validate.fit import calibrated_frontier
+
+    f = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", inputs=make_inputs("mlp-small", "meta"),
+                           progress=False)
+    graph = capture_graph("mlp-small")
+    plans = list(f.plans) + list(f.reference.values())
+    neutral = calibrated_frontier(plans, StepCalibration(), graph)
+    assert [p.summary for p, _ in neutral][0] == f.min_time().summary
+    for p, t in neutral:
+        assert t == pytest.approx(p.time_s)
+    mems = [p.memory_bytes for p, _ in neutral]
+    assert all(a > b for a, b in zip(mems, mems[1:]))
+    # A large per-operator overhead of operator-level layouts makes a data-parallel plan fastest.
+    heavy = calibrated_frontier(plans, StepCalibration(per_sharded_op_s=1.0), graph)
+    assert step_features(heavy[0][0], graph)["sharded_ops"] == 0
+
+
 def test_worker_end_to_end_world2(tmp_path):
     """One small real run of the measurement worker at world size 2 (gloo, CPU)."""
     pytest.importorskip("torch.distributed")

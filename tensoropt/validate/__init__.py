@@ -9,8 +9,8 @@
 Driver: ``scripts/validate.py``.
 """
 
-from .fit import TERMS, StepCalibration, fit_calibration, step_features
+from .fit import TERMS, StepCalibration, calibrated_frontier, fit_calibration, step_features
 from .report import max_abs_rel_error, median_abs_rel_error, rel_errors, spearman
 
-__all__ = ["TERMS", "StepCalibration", "fit_calibration", "step_features", "median_abs_rel_error",
+__all__ = ["TERMS", "StepCalibration", "calibrated_frontier", "fit_calibration", "step_features", "median_abs_rel_error",
            "max_abs_rel_error", "rel_errors", "spearman"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODELS", "make_model", "make_inputs", "capture_graph", "plan_key", "select_plans", "CandidatePlan"]
+__all__ = ["MODELS", "make_model", "make_inputs", "capture_graph", "apply_mode", "plan_key", "select_plans", "CandidatePlan"]
 
 MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "mlp": ("mlp-tiny", {"widths": (512, 1024, 1024, 512)}, 256),
@@ -22,6 +22,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "llama": ("llama-tiny", {"d_model": 128, "n_heads": 4, "n_kv_heads": 2, "d_ff": 320,
                              "vocab_size": 512}, 64),
     "cnn": ("cnn-tiny", {"channels": (32, 64)}, 64),
+    "gpt-wide": ("gpt-tiny", {"d_model": 256, "n_heads": 8, "vocab_size": 1024}, 32),
     # tiny, for the end-to-end test only
     "mlp-small": ("mlp-tiny", {"widths": (16, 64, 32, 64, 16)}, 8),
 }
@@ -45,6 +46,14 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
     return tuple(example_inputs(name, batch, device=device, **ov))
 
 
+def apply_mode(key: str, plan, graph=None) -> str:
+    """How ``tensoropt.apply`` will lay ``plan`` out ("replicate" or "dtensor"), decided
+    without collectives on a meta model."""
+    from ..apply import plan_layout
+
+    return plan_layout(plan, make_model(key, "meta"), graph if graph is not None else capture_graph(key)).mode
+
+
 def capture_graph(key: str):
     from ..capture import capture
 
@@ -64,6 +73,7 @@ class CandidatePlan:
     plan: Any
     applicable: bool = True
     reason: str = ""
+    apply_mode: str | None = None   # tensoropt.apply.plan_layout(...).mode
 
 
 def select_plans(key: str, world: int, profile: str | None, *, max_plans: int = 6,
@@ -97,7 +107,7 @@ def select_plans(key: str, world: int, profile: str | None, *, max_plans: int = 
         seen.add(k)
         c = CandidatePlan(key, role, plan)
         try:
-            plan_layout(plan, meta, graph)
+            c.apply_mode = plan_layout(plan, meta, graph).mode
         except (PlanNotApplicable, ValueError) as err:
             c.applicable, c.reason = False, f"{type(err).__name__}: {err}"
         out.append(c)

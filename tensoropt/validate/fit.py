@@ -29,7 +29,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "CALIBRATION_FORMAT"]
+__all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "calibrated_frontier",
+           "CALIBRATION_FORMAT"]
 
 CALIBRATION_FORMAT = "tensoropt.step_calibration/1"
 
@@ -96,14 +97,39 @@ def _feat(features: Mapping[str, float], name: str) -> float:
     return 1.0 if name == "one" else float(features.get(name, 0.0))
 
 
-def step_features(plan, graph=None) -> dict[str, float]:
+def step_features(plan, graph=None, apply_mode: str | None = None) -> dict[str, float]:
     """Features of one plan's step (see module doc). ``graph``: the captured OpGraph, needed
-    for the collective count (without it ``collective_calls`` is 0)."""
+    for the collective count (without it ``collective_calls`` is 0).
+
+    ``collective_calls`` follows how a step issues collectives: a plan whose every mesh axis
+    is data-parallel reduces gradients in buckets, one per ``layers.<i>`` block with
+    parameters plus one for the rest (FSDP2 ``replicate`` / ``fully_shard`` groups): one
+    all-reduce per bucket (ZeRO 0), a reduce-scatter and an all-gather (ZeRO 1-2) or two
+    all-gathers (ZeRO 3); any other plan issues every collective of
+    :func:`tensoropt.comms.predicted_collectives` (priced ones) as its own call.
+
+    ``apply_mode``: how ``tensoropt.apply`` lays the plan out (``plan_layout(...).mode``,
+    known before running: "replicate" for all-data-parallel plans, else "dtensor", whose
+    every operator runs through the operator-level layout and counts in ``sharded_ops``);
+    inferred from the configurations when omitted (a mesh axis that splits anything but the
+    batch makes it "dtensor").
+    """
     b = plan.breakdown or {}
     comm = float(b.get("comm_s", 0.0)) + float(b.get("relayout_s", 0.0))
     compute = float(plan.time_s) - comm
+    world = 1
+    for n in plan.mesh_shape:
+        world *= n
+    if apply_mode is None:
+        apply_mode = "dtensor" if _has_model_axis(plan) else "replicate"
+    if apply_mode not in ("replicate", "dtensor"):
+        raise ValueError(f"apply_mode must be 'replicate' or 'dtensor', got {apply_mode!r}")
+    model_parallel = world > 1 and apply_mode == "dtensor"
     calls = 0
-    if graph is not None:
+    if world > 1 and apply_mode == "replicate":
+        per_bucket = {0: 1, 1: 2, 2: 2, 3: 3}.get(int(plan.zero_stage or 0), 1)
+        calls = _buckets(plan) * per_bucket
+    elif graph is not None:
         from ..comms import predicted_collectives
 
         calls = len(predicted_collectives(plan, graph, include_unpriced=False))
@@ -113,10 +139,24 @@ def step_features(plan, graph=None) -> dict[str, float]:
                         plan.training.get("optimizer", "adam") if plan.training else "adam")
     per_param = tc.state_bytes_per_param[0]
     local_params = float(b.get("param_bytes", 0.0)) / per_param
-    model_parallel = _has_model_axis(plan)
     return {"compute_s": compute, "comm_s": comm, "collective_calls": float(calls),
             "sharded_ops": float(len(plan.ops)) if model_parallel else 0.0,
             "local_params": local_params, "predicted_s": float(plan.time_s)}
+
+
+def _buckets(plan) -> int:
+    """Gradient buckets of a data-parallel plan: ``layers.<i>`` blocks with parameters, + 1."""
+    blocks = set()
+    rest = False
+    for o in plan.ops:
+        if o.param_bytes <= 0:
+            continue
+        parts = o.module.split(".")
+        if len(parts) >= 2 and parts[0] == "layers" and parts[1].isdigit():
+            blocks.add(parts[1])
+        else:
+            rest = True
+    return len(blocks) + (1 if rest or not blocks else 0)
 
 
 def _has_model_axis(plan) -> bool:
@@ -162,3 +202,22 @@ def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterabl
     for t, v in zip(terms, x):
         setattr(cal, t, float(v))
     return cal
+
+
+def calibrated_frontier(plans: Sequence, calibration: StepCalibration, graph) -> list[tuple]:
+    """Re-price plans with a whole-step calibration and keep the Pareto-optimal ones.
+
+    Returns ``[(plan, calibrated_time_s), ...]`` sorted by calibrated time, memory strictly
+    decreasing (plans' memory is unchanged). ``graph``: the model's captured OpGraph (for the
+    collective counts). This is how a planner can use the fitted terms today, without a
+    change to the cost model (the per-plan terms -- the fixed cost and the per-operator
+    overhead of operator-level layouts -- are not per-operator quantities).
+    """
+    priced = sorted(((p, calibration.predict(step_features(p, graph))) for p in plans),
+                    key=lambda x: (x[1], x[0].memory_bytes))
+    out, best_mem = [], float("inf")
+    for p, t in priced:
+        if p.memory_bytes < best_mem:
+            out.append((p, t))
+            best_mem = p.memory_bytes
+    return out

@@ -70,58 +70,67 @@ def summarize(pred_t, meas_t, pred_m=None, meas_m=None) -> dict:
 
 
 def plot_predicted_vs_measured(pairs: list[dict], path: str, title: str = "") -> None:
-    """Two panels: step time (raw and calibrated predictions) and peak memory, log-log, with
-    the y = x line and a ±15 % (time) / ±10 % (memory) band."""
+    """Three panels: wall step time and process CPU time per step (profile-only and
+    calibrated predictions; calibrated points of the fit split green, held-out red), and peak
+    memory; log-log with the y = x line and a ±15 % (time) / ±10 % (memory) band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.4))
     models = sorted({p["model"] for p in pairs})
     markers = dict(zip(models, "osD^vP*X"))
-    ax = axes[0]
-    for mdl in models:
-        ps = [p for p in pairs if p["model"] == mdl]
-        mt = np.array([p["measured_time_s"] for p in ps]) * 1e3
-        lo = np.array([p["measured_time_q25_s"] for p in ps]) * 1e3
-        hi = np.array([p["measured_time_q75_s"] for p in ps]) * 1e3
-        pt = np.array([p["predicted_time_s"] for p in ps]) * 1e3
-        ax.errorbar(pt, mt, yerr=[mt - lo, hi - mt], fmt=markers[mdl], mfc="none", color="C0",
-                    label=f"{mdl} raw" if mdl == models[0] else None, alpha=0.8)
-        if all(p.get("calibrated_time_s") for p in ps):
-            ct = np.array([p["calibrated_time_s"] for p in ps]) * 1e3
-            test = [p.get("split") == "test" for p in ps]
-            ax.scatter(ct, mt, marker=markers[mdl], c=["C3" if t else "C2" for t in test], s=28,
-                       label=None)
-    for mdl in models:
-        ax.scatter([], [], marker=markers[mdl], c="k", label=mdl)
-    ax.scatter([], [], marker="o", facecolors="none", edgecolors="C0", label="profile only (raw)")
-    ax.scatter([], [], marker="o", c="C2", label="calibrated, fit pair")
-    ax.scatter([], [], marker="o", c="C3", label="calibrated, held-out pair")
-    _diag(ax, 0.15)
-    ax.set_xlabel("predicted step time (ms)")
-    ax.set_ylabel("measured step time (ms), median, IQR bars")
-    ax.set_title("time per iteration")
-    ax.legend(fontsize=7)
-    ax = axes[1]
+    panels = (("wall", "measured_time_s", "measured_time_q25_s", "measured_time_q75_s", "calibrated_time_s",
+               "measured step time (ms): median of slowest rank, IQR"),
+              ("cpu", "measured_cpu_time_s", "measured_cpu_time_q25_s", "measured_cpu_time_q75_s",
+               "calibrated_cpu_time_s", "measured CPU time per step (ms): median, IQR"))
+    for ax, (metric, key, q25, q75, cal_key, ylabel) in zip(axes, panels):
+        for mdl in models:
+            ps = [p for p in pairs if p["model"] == mdl and key in p]
+            if not ps:
+                continue
+            mt = np.array([p[key] for p in ps]) * 1e3
+            lo = np.array([p.get(q25, p[key]) for p in ps]) * 1e3
+            hi = np.array([p.get(q75, p[key]) for p in ps]) * 1e3
+            pt = np.array([p["predicted_time_s"] for p in ps]) * 1e3
+            ax.errorbar(pt, mt, yerr=[mt - lo, hi - mt], fmt=markers[mdl], mfc="none", color="C0", alpha=0.7)
+            if all(cal_key in p for p in ps):
+                ct = np.array([p[cal_key] for p in ps]) * 1e3
+                ax.errorbar(ct, mt, yerr=[mt - lo, hi - mt], fmt="none", ecolor="0.6", alpha=0.5)
+                ax.scatter(ct, mt, marker=markers[mdl], s=30,
+                           c=["C3" if p.get("split") == "test" else "C2" for p in ps])
+        for mdl in models:
+            ax.scatter([], [], marker=markers[mdl], c="k", label=mdl)
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="C0", label="profile only (uncalibrated)")
+        ax.scatter([], [], marker="o", c="C2", label="calibrated, fit pair")
+        ax.scatter([], [], marker="o", c="C3", label="calibrated, held-out pair")
+        _diag(ax, 0.15)
+        ax.set_xlabel("predicted step time (ms)")
+        ax.set_ylabel(ylabel)
+        ax.set_title("time per iteration: " + ("wall clock" if metric == "wall" else "process CPU time"))
+        ax.legend(fontsize=7)
+    ax = axes[2]
     for mdl in models:
         ps = [p for p in pairs if p["model"] == mdl]
         ax.scatter([p["predicted_memory_bytes"] / 2**20 for p in ps],
                    [p["measured_memory_bytes"] / 2**20 for p in ps], marker=markers[mdl], label=mdl)
     _diag(ax, 0.10)
     ax.set_xlabel("predicted peak memory per device (MiB)")
-    ax.set_ylabel("measured peak memory per rank (MiB, MemTracker)")
-    ax.set_title("peak memory")
+    ax.set_ylabel("measured peak memory, max over ranks (MiB, MemTracker)")
+    ax.set_title("peak memory (whole step)")
     ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def _diag(ax, band: float) -> None:
+    import matplotlib.ticker  # noqa: F401
+
+    import matplotlib
     ax.set_xscale("log")
     ax.set_yscale("log")
     lo = min(ax.get_xlim()[0], ax.get_ylim()[0])
@@ -132,3 +141,11 @@ def _diag(ax, band: float) -> None:
                     label=f"±{band:.0%}")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
+    from matplotlib.ticker import LogLocator, ScalarFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        f = ScalarFormatter()
+        f.set_scientific(False)
+        axis.set_major_formatter(f)
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())

@@ -11,7 +11,10 @@ on every rank), ``tensoropt.parallelize(model, plan, graph=...)``, ``torch.optim
 loss.backward(); opt.step(); opt.zero_grad(set_to_none=False)`` on the full global batch
 (every rank passes it; the apply layer shards it). Before each timed step all ranks meet at a
 barrier; a step's time is the slowest rank's wall time (``perf_counter``), and the result is
-the median over steps with the quartiles and min/max as spread.
+the median over steps with the quartiles and min/max as spread. The process CPU time of each
+step (``time.process_time``, all threads of the rank, max over ranks) is reported too: on a
+shared, oversubscribed machine it is far less sensitive to other processes than wall time
+(it still excludes time spent waiting in collectives).
 
 Peak memory is measured with ``tensoropt.apply.peak_memory`` (on CPU:
 ``torch.distributed._tools.MemTracker``, i.e. the peak of live tensor storage seen by a
@@ -84,15 +87,20 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
     first = float(step().detach())
     for _ in range(max(warmup - 1, 0)):
         step()
-    times = []
+    times, cpu = [], []
     last = first
+    load_before = os.getloadavg()[0]
     for _ in range(steps):
         dist.barrier()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         loss = step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         last = float(loss.detach())
+    load_after = os.getloadavg()[0]
     times = _max_over_ranks(times)
+    cpu = _max_over_ranks(cpu)
     colls = count_collectives(step)
     mem_step = peak_memory(step, model, opt)
     mem_fb = peak_memory(fwd_bwd, model, opt)
@@ -106,6 +114,9 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
         "steps": steps, "warmup": warmup, "step_times_s": times,
         "time_median_s": statistics.median(times), "time_q25_s": _quantile(times, 0.25),
         "time_q75_s": _quantile(times, 0.75), "time_min_s": min(times), "time_max_s": max(times),
+        "cpu_times_s": cpu, "cpu_time_median_s": statistics.median(cpu),
+        "cpu_time_q25_s": _quantile(cpu, 0.25), "cpu_time_q75_s": _quantile(cpu, 0.75),
+        "loadavg_1min": [load_before, load_after],
         "peak_bytes": int(peaks[0]), "peak_fwd_bwd_bytes": int(peaks[1]),
         "peak_by_category_rank0": mem_step.get("by_category", {}), "memory_method": mem_step["method"],
         "collectives": {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in colls.items()},
