@@ -46,7 +46,7 @@ from .compute import ComputeModel, default_compute_model
 from .hardware import Device
 from .mesh import Mesh
 from .opgraph import Edge, Operator, OpGraph
-from .strategy import OpConfig, term_placements
+from .strategy import OpConfig, label_sizes, term_placements
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
 
@@ -184,6 +184,14 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                 gathers = 2 if zero_stage == 3 else 1
                 comm += (cm.collectives.time_s("reduce_scatter", bg * local_numel, mesh, axis)
                          + gathers * cm.collectives.time_s("all_gather", bp * local_numel, mesh, axis))
+    if op.family == "norm" and "BatchNorm" in op.module_type:
+        # Batch statistics over a split batch are synchronised (SyncBatchNorm): mean and
+        # variance per channel all-reduced forward, their gradients backward.
+        channels = label_sizes(op).get(terms[0][1], 1) if len(terms[0]) > 1 else 1
+        stats_bytes = 2 * channels * 4
+        for axis, s in enumerate(cfg.splits):
+            if s == "b":
+                comm += 2 * cm.collectives.time_s("all_reduce", stats_bytes, mesh, axis)
     act = 0.0
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
