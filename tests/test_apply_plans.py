@@ -123,14 +123,15 @@ def test_layout_of_reference_plans(mlp_frontier):
     assert lay.param_placements["layers.0.weight"] in {("S(0)",), ("S(1)",), ("R",)}
 
 
-def test_zero_with_model_axes_is_rejected_clearly():
+def test_zero_and_recompute_with_model_axes_are_laid_out():
     f = tensoropt.frontier("mlp-tiny", "cpu:2", progress=False)
     model = get_model("mlp-tiny", device="meta")
-    for p in f.plans:
-        if p.zero_stage and any(not s.startswith("dp") for s in p.summary.split()[0].split("·")):
-            with pytest.raises(PlanNotApplicable, match="ZeRO stage"):
-                plan_layout(p, model)
-            break
+    zs = [p for p in f.plans if p.zero_stage and any(not s.startswith(("dp", "rep"))
+                                                      for s in p.summary.split()[0].split("·"))]
+    assert zs
+    for p in zs:
+        lay = plan_layout(p, model)
+        assert lay.mode == "dtensor"
 
 
 # ----------------------------------------------------------------------------- comms

@@ -18,6 +18,21 @@ That fixes the layout of every operand (``strategy.term_placements``) and of the
   to partial sums, a vocabulary-split embedding masks foreign rows;
 * everything between operators (views, transposes) runs on DTensors with DTensor's rules.
 
+ZeRO (``plan.zero_stage``) on a plan with model-parallel axes: a parameter is additionally
+sharded over the axes where it is replicated while its operator splits another label (its
+data-parallel axes, where its gradient is a partial sum); each use gathers it with the same
+per-operand redistribution (all-gather forward, reduce-scatter of the gradient backward), so
+parameters, gradients and Adam state are stored sharded. Stage 3 does not keep the gathered
+copy for backward: autograd's saved copy is replaced by a reference to the shard and gathered
+again when backward unpacks it (``saved_tensors_hooks``); stage 2 keeps it from forward to
+backward (like FSDP2's ``reshard_after_forward=False``).
+
+Recomputation (``plan.recompute``): each named module's forward runs under non-reentrant
+``torch.utils.checkpoint``. The recomputation in backward runs outside the forward's function
+mode, so the checkpointed body enters a fresh mode with the module's operators queued and the
+recomputed operators run exactly as in forward (local shards, same re-layouts: their forward
+collectives are issued again during backward).
+
 Plans whose mesh axes are all data-parallel (every batched operator splits the batch) use
 FSDP2's ``replicate`` instead (gradient all-reduce), with the batch split per rank.
 
@@ -29,7 +44,9 @@ Operators grouped from several aten ops are rejected (``PlanNotApplicable``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -42,6 +59,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import checkpoint
 
 from ..opgraph import OpGraph
 from ..plan import Plan
@@ -259,19 +277,7 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
                            and not any(o.execution == "dtensor" for o in ops)) else "dtensor"
     if mode == "dtensor" and math.prod(plan.mesh_shape) == 1:
         mode = "replicate"
-    zero = getattr(plan, "zero_stage", 0) or 0
     recompute = tuple(getattr(plan, "recompute", ()) or ())
-    if mode == "dtensor" and zero:
-        raise PlanNotApplicable(
-            f"plan {plan.summary} uses ZeRO stage {zero} on mesh {plan.mesh} with model-parallel axes "
-            f"{[plan.mesh_axis_names[a] for a in model_axes]}: the apply layer shards parameters, "
-            "gradients and optimizer state only for plans whose every axis is data-parallel "
-            "(FSDP2); re-plan with zero=False or pick a data-parallel point")
-    if mode == "dtensor" and recompute:
-        raise PlanNotApplicable(
-            f"plan {plan.summary} recomputes {list(recompute)} on mesh {plan.mesh} with model-parallel "
-            "axes: recomputation of operator-level layouts is not yet applicable; re-plan with "
-            "recompute=False")
     for fqn in recompute:
         try:
             model.get_submodule(fqn)
@@ -364,6 +370,13 @@ class _Runner:
         self.stack: list[str] = []
         self.pending: dict[str, list[OpLayout]] = {}
         self.mode: _Mode | None = None
+        self.zero = getattr(layout.plan, "zero_stage", 0) or 0
+        self.ckpt_depth = 0                       # > 0 inside a recomputed module
+        # ZeRO: per parameter (owner name) the axes its storage is sharded over in addition to
+        # the plan's placements, and the resulting storage placements.
+        self.zero_axes: dict[str, tuple[int, ...]] = {}
+        self.storage: dict[str, tuple[str, ...]] = {}
+        self.params_by_id: dict[int, str] = {}
 
     # -- setup
     def install(self) -> None:
@@ -372,10 +385,12 @@ class _Runner:
         for n, p in model.named_parameters(remove_duplicate=False):
             tied.setdefault(id(p), []).append(n)
         done: dict[int, nn.Parameter] = {}
+        if self.zero:
+            self._zero_storage()
         for names in tied.values():
             owner = next((n for n in names if n in self.layout.param_placements), None)
             p = model.get_parameter(names[0])
-            pls = self.layout.param_placements.get(owner) if owner else None
+            pls = self.storage.get(owner) or self.layout.param_placements.get(owner) if owner else None
             pls = pls or tuple("R" for _ in self.layout.mesh_shape)
             new = nn.Parameter(distribute_tensor(p.data, mesh, [_to_placement(x) for x in pls]),
                                requires_grad=p.requires_grad)
@@ -385,11 +400,86 @@ class _Runner:
                 mod = model.get_submodule(mod_name) if mod_name else model
                 setattr(mod, leaf, new)
             done[id(p)] = new
+            if owner in self.zero_axes:
+                self.params_by_id[id(new)] = owner
         for fqn, mod in model.named_modules():
             mod.register_forward_pre_hook(self._push(fqn))
             mod.register_forward_hook(self._pop(fqn))
+        for fqn in getattr(self.layout.plan, "recompute", ()) or ():
+            self._recompute(fqn)
         model.register_forward_pre_hook(self._root_pre, with_kwargs=True, prepend=True)
         model.register_forward_hook(self._root_post)
+
+    def _zero_storage(self) -> None:
+        """ZeRO on the axes where a parameter is replicated while its operator splits another
+        label (its data-parallel axes): the stored parameter -- and so its gradient and optimizer
+        state -- is sharded there too (an even split of some dim; dims that do not split evenly
+        stay replicated). Each use gathers it (``redistribute``: all-gather in forward, and the
+        partial gradient is reduce-scattered back by redistribute's backward). Stage 3 also
+        drops the gathered copy after forward and gathers again in backward (``run``)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        shape = self.layout.mesh_shape
+        seen: set[str] = set()
+        for o in self.layout.ops:
+            for j, pname in enumerate(o.param_names):
+                if pname is None or pname in seen:
+                    continue
+                seen.add(pname)
+                want = list(o.want[j])
+                axes = []
+                pshape = list(params[pname].shape)
+                for a, pl in enumerate(want):
+                    if pl.startswith("S("):
+                        pshape[int(pl[2:-1])] //= shape[a]
+                for a in range(len(shape)):
+                    if not (o.grad_partial[j][a] and shape[a] > 1 and want[a] == "R"):
+                        continue
+                    d = next((d for d in range(len(pshape)) if pshape[d] % shape[a] == 0), None)
+                    if d is None:
+                        continue
+                    pshape[d] //= shape[a]
+                    want[a] = f"S({d})"
+                    axes.append(a)
+                if axes:
+                    self.zero_axes[pname] = tuple(axes)
+                    self.storage[pname] = tuple(want)
+
+    def _recompute(self, fqn: str) -> None:
+        """Non-reentrant activation checkpointing of module ``fqn`` (FQNs unchanged). The
+        recomputation in backward runs outside the forward's function mode, so it enters a
+        fresh one with the module's own operators queued: recomputed operators run exactly as
+        in forward (local shards, planned re-layouts)."""
+        module = self.model.get_submodule(fqn)
+        if getattr(module, "_tensoropt_recompute", False):
+            return
+        orig = module.forward
+        ops = [o for o in self.layout.ops if o.module == fqn or o.module.startswith(fqn + ".") or not fqn]
+
+        def body(*args, **kwargs):
+            if self.mode is not None:                        # forward
+                self.ckpt_depth += 1
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    self.ckpt_depth -= 1
+            saved = (self.stack, self.pending, self.ckpt_depth)
+            self.stack, self.pending, self.ckpt_depth = [fqn], {}, 1
+            for o in ops:
+                self.pending.setdefault(o.module, []).append(o)
+            mode = _Mode(self)
+            mode.__enter__()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                mode.__exit__(None, None, None)
+                self.stack, self.pending, self.ckpt_depth = saved
+
+        @functools.wraps(orig)
+        def forward(*args, **kwargs):
+            return checkpoint(body, *args, use_reentrant=False, **kwargs)
+
+        module.forward = forward                  # type: ignore[method-assign]
+        module._tensoropt_recompute = True        # type: ignore[attr-defined]
 
     def _push(self, fqn):
         def hook(_m, _a):
@@ -453,19 +543,26 @@ class _Runner:
             a2, k2 = tree_unflatten(flat, spec)
             out = func(*a2, **k2)
             return out.redistribute(mesh, [_to_placement(p) for p in op.out])
+        gathered: list[tuple[int, torch.Tensor, list[Placement]]] = []
         for j, k in enumerate(idx):
-            x = self._as_dtensor(flat[k])
+            src = flat[k]
+            x = self._as_dtensor(src)
+            zero_param = self.params_by_id.get(id(src)) if self.zero else None
             if x.requires_grad:
                 x = _ContiguousGrad.apply(x)        # redistribute's backward may slice non-contiguously
-            x = x.redistribute(mesh, [_to_placement(p) for p in op.want[j]])
+            want = [_to_placement(p) for p in op.want[j]]
+            x = x.redistribute(mesh, want)
             gpl = [Partial() if op.grad_partial[j][a] else _to_placement(op.want[j][a]) for a in range(mesh.ndim)]
             local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
+            if zero_param is not None and self.zero >= 3 and self.ckpt_depth == 0:
+                gathered.append((local.untyped_storage().data_ptr(), src, want))
             flat[k] = self._fix_operand(op, j, _ContiguousGrad.apply(local) if local.requires_grad else local)
         a2, k2 = tree_unflatten(flat, spec)
-        if op.base == "embedding" and any(s is not None and s in op.contracted for s in op.config.splits):
-            out = self._vocab_split_embedding(op, func, a2, k2)
-        else:
-            out = func(*a2, **k2)
+        with _regather_saved(gathered, mesh):
+            if op.base == "embedding" and any(s is not None and s in op.contracted for s in op.config.splits):
+                out = self._vocab_split_embedding(op, func, a2, k2)
+            else:
+                out = func(*a2, **k2)
         out = self._fix_output(op, out, k2)
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out = _ContiguousGrad.apply(out)
@@ -504,6 +601,40 @@ class _Runner:
                 if n > 1:
                     out = out / n
         return out
+
+
+def _regather_saved(gathered, mesh: DeviceMesh):
+    """ZeRO-3: tensors autograd saves that live in a gathered parameter's storage are saved as
+    a reference to the sharded parameter and gathered again when backward needs them."""
+    if not gathered:
+        return contextlib.nullcontext()
+    ptrs = {ptr: (param, want) for ptr, param, want in gathered}
+
+    def pack(t: torch.Tensor):
+        if isinstance(t, DTensor) or t.device.type == "meta":
+            return t
+        hit = ptrs.get(t.untyped_storage().data_ptr())
+        if hit is None:
+            return t
+        return _Regather(hit[0], hit[1], tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+    def unpack(obj):
+        if not isinstance(obj, _Regather):
+            return obj
+        with torch.no_grad():
+            full = obj.param.detach().redistribute(mesh, obj.want).to_local()
+        return full.as_strided(obj.shape, obj.stride, obj.offset)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+@dataclass
+class _Regather:
+    param: Any
+    want: list
+    shape: tuple
+    stride: tuple
+    offset: int
 
 
 class _ContiguousGrad(torch.autograd.Function):

@@ -1,0 +1,197 @@
+"""Multi-process checks of frontier plans with ZeRO, recomputation and pipeline stages; run under torchrun.
+
+    torchrun --standalone --nproc-per-node N tests/dist_scripts/beyond_worker.py --case gpt:rc_mp,mlp:zero3_mp
+
+Every rank computes the same frontier for ``cpu:N`` (models and inputs of ``plan_worker``),
+picks the case's plan, computes the single-process reference, lays a copy out and runs one
+step on the full batch (each rank passes the whole batch), compares loss and every full
+gradient, then 3 Adam steps and the loss after them. Cases listed in ``--measure`` also
+measure one step's peak memory (MemTracker) of the plan and of the same plan laid out
+without its ZeRO stage / recomputation ("baseline"). Rank 0 prints one ``RESULT {json}`` per case.
+
+Selectors (first frontier point, fastest first, that matches):
+  zero3_mp / zero2_mp   ZeRO stage 3 / 2 on a plan with a model-parallel axis
+  zero3_dp              ZeRO stage 3 on an all-data-parallel plan (FSDP2)
+  rc_mp / rc_dp         recomputation on a plan with / without a model-parallel axis
+  zero3_rc_mp           ZeRO-3 and recomputation with a model-parallel axis
+  pp / pp_rc / pp_mp    pipeline stages (any / with recomputation / with a model-parallel stage plan)
+  min_memory            the frontier's minimum-memory point
+A ``@k`` suffix picks the k-th match (0-based); ``@last`` the last (lowest-memory) one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err  # noqa: E402
+
+from tensoropt.apply import (PlanNotApplicable, full_grads, parallelize, peak_memory,  # noqa: E402
+                             plan_layout)
+
+
+def _mode(plan, key: str, graph) -> str:
+    if plan.stages:
+        return "pipeline"
+    return plan_layout(plan, make_model(key, "meta"), graph).mode
+
+
+def _matches(plan, key: str, which: str, graph) -> bool:
+    z, rc, st = plan.zero_stage, bool(plan.recompute), bool(plan.stages)
+    if which == "min_memory":
+        return True
+    if which.startswith("pp"):
+        if not st:
+            return False
+        if which == "pp_rc":
+            return bool(plan.recompute)
+        if which == "pp_mp":
+            return any("tp" in s.summary or "mix" in s.summary for s in plan.stages)
+        return True
+    if st:
+        return False
+    want_z = {"zero3": 3, "zero2": 2}.get(which.split("_")[0], 0)
+    if want_z and z != want_z:
+        return False
+    if not want_z and z:
+        return False
+    if ("_rc" in which or which.startswith("rc")) != rc:
+        return False
+    mode = _mode(plan, key, graph)
+    return (mode == "dtensor") == which.endswith("_mp")
+
+
+def pick(f, key: str, which: str, graph):
+    which, _, k = which.partition("@")
+    if which == "min_memory":
+        return f.min_memory()
+    found = [p for p in f.plans if _matches(p, key, which, graph)]
+    if not found:
+        raise LookupError(f"no frontier plan matches {which!r}: "
+                          f"{[p.summary for p in f.plans]}")
+    return found[-1] if k == "last" else found[int(k or 0)]
+
+
+def baseline_of(plan):
+    """The same per-operator plan without ZeRO and recomputation (for the direction check)."""
+    if plan.stages:
+        return dataclasses.replace(plan, recompute=(), zero_stage=0,
+                                   stages=tuple(dataclasses.replace(s, recompute=(), zero_stage=0)
+                                                for s in plan.stages))
+    return dataclasses.replace(plan, recompute=(), zero_stage=0)
+
+
+def build(key: str, plan, graph):
+    """(step() -> loss, params, grads() -> full grads) for a laid-out copy of the model."""
+    model = make_model(key)
+    inputs = make_inputs(key)
+    if plan.stages:
+        from tensoropt.apply import pipeline
+        runner = pipeline(model, plan, graph=graph)
+        return (lambda: runner.step(*inputs)), list(runner.parameters()), runner.full_grads, runner, model
+    parallelize(model, plan, graph=graph)
+
+    def step():
+        loss = model(*inputs)
+        loss.backward()
+        return loss
+    return step, list(model.parameters()), (lambda: full_grads(model)), model, model
+
+
+def run_case(case: str, world: int, measure: bool) -> dict:
+    key, which = case.split(":")
+    f, graph = get_frontier(key, world, extras=True)
+    plan = pick(f, key, which, graph)
+    inputs = make_inputs(key)
+    res = {"case": case, "world": world, "plan": plan.summary, "mesh": list(plan.mesh_shape),
+           "zero_stage": plan.zero_stage, "recompute": list(plan.recompute), "stages": len(plan.stages),
+           "microbatches": plan.microbatches, "predicted_memory_bytes": plan.memory_bytes}
+
+    ref = make_model(key)
+    loss_ref = ref(*inputs)
+    loss_ref.backward()
+    g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
+    opt_ref.step()
+    opt_ref.zero_grad()
+    for _ in range(2):
+        ref(*inputs).backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+    loss3_ref = float(ref(*inputs).detach())
+
+    step, params, grads_fn, tracked, _ = build(key, plan, graph)
+    res["mode"] = _mode(plan, key, graph)
+    loss = step()
+    res["loss"] = float(loss.detach())
+    res["loss_ref"] = float(loss_ref.detach())
+    res["loss_rel"] = abs(res["loss"] - res["loss_ref"]) / abs(res["loss_ref"])
+    grads = grads_fn()
+    floor = 1e-4 * max(float(g.abs().max()) for g in g_ref.values())
+    errs = {n: (rel_err(grads[n], g, floor) if grads.get(n) is not None else None) for n, g in g_ref.items()}
+    res["grad_missing"] = [n for n, e in errs.items() if e is None]
+    res["grad_max_rel"] = max((e for e in errs.values() if e is not None), default=0.0)
+    res["grad_worst"] = max(errs, key=lambda n: errs[n] or 0.0)
+    opt = torch.optim.Adam(params, lr=LR)
+    opt.step()
+    opt.zero_grad()
+    for _ in range(2):
+        step()
+        opt.step()
+        opt.zero_grad()
+    loss3 = step()
+    opt.zero_grad()
+    res["loss3"] = float(loss3.detach())
+    res["loss3_ref"] = loss3_ref
+    res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
+    if measure:
+        mem = peak_memory(step, tracked, opt)
+        res["peak_bytes"] = mem["peak_bytes"]
+        res["peak_by_category"] = mem["by_category"]
+        base = baseline_of(plan)
+        bstep, bparams, _, btracked, _ = build(key, base, graph)
+        bopt = torch.optim.Adam(bparams, lr=LR)
+        bstep()
+        bopt.step()                 # optimizer state exists, as in the plan's measurement
+        bopt.zero_grad()
+        bmem = peak_memory(bstep, btracked, bopt)
+        res["baseline_peak_bytes"] = bmem["peak_bytes"]
+        res["baseline_by_category"] = bmem["by_category"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True, help="comma-separated model:selector")
+    ap.add_argument("--measure", default="", help="comma-separated cases to measure memory for")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    measure = set(filter(None, args.measure.split(",")))
+    torch.set_num_threads(1)
+    for case in args.case.split(","):
+        try:
+            res = run_case(case, world, case in measure)
+            res["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            res = {"case": case, "world": world, "ok": False, "error": f"{type(e).__name__}: {e}",
+                   "not_applicable": isinstance(e, PlanNotApplicable),
+                   "trace": traceback.format_exc()[-3000:]}
+        if dist.get_rank() == 0:
+            from tensoropt.launch import emit_result
+            emit_result(res)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
