@@ -99,6 +99,10 @@ def combine(
 
     # Chunk over the first kept axis (or do it at once for scalar scopes).
     lead = out_dims[0] if out_dims else 1
+    # What a chunk materialises: every candidate for dense sums, the two operands and the
+    # segment pairs' ideal points for block-pruned ones (see sum_prune).
+    if points_per_row >= BLOCK_MIN_POINTS:
+        points_per_row = n_elim * (8 * (wf + wg) + (wf // _SEG_F + 1) * (wg // _SEG_G + 1))
     per_lead = max(rows // max(lead, 1), 1) * points_per_row
     step = max(1, CHUNK_POINTS // max(per_lead, 1))
     pieces = []
@@ -123,7 +127,8 @@ def combine(
 
 # Sums with at least this many candidates per row are built block by block (see sum_prune).
 BLOCK_MIN_POINTS = 1 << 14
-_SEG_F, _SEG_G = 32, 16
+_SEG_F, _SEG_G = 16, 8
+PREFILTER_SURVIVORS = True
 
 
 def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
@@ -155,6 +160,7 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     ideal_m = (fm.min(-1)[..., :, None] + gm.min(-1)[..., None, :]).reshape(rows, -1)
     alive = np.isfinite(ideal_t) & ~strictly_dominated(ideal_t, ideal_m, stairs)
     r, blk = np.nonzero(alive)
+    r, blk = _second_round(r, blk, rows, ideal_t, ideal_m, ft, fm, gt, gm, (n_c, nf, ng))
     c, sf, sg = np.unravel_index(blk, (n_c, nf, ng))
     cand_t = (ft[r, c, sf][:, :, None] + gt[r, c, sg][:, None, :]).reshape(len(r), -1)
     cand_m = (fm[r, c, sf][:, :, None] + gm[r, c, sg][:, None, :]).reshape(len(r), -1)
@@ -168,9 +174,33 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     m = np.full((rows, n_blocks, per), np.inf)
     codes = np.full((rows, n_blocks, per), -1, dtype=np.int64)
     t[r, pos], m[r, pos], codes[r, pos] = cand_t, cand_m, code
-    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), delta)
+    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), delta, prefilter=PREFILTER_SURVIVORS)
     src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
     return pt, pm, src
+
+
+def _second_round(r, blk, rows, ideal_t, ideal_m, ft, fm, gt, gm, shape):
+    """Test the surviving segment pairs again, against a staircase of their own corner
+    points (first, middle and last point of each segment: real candidates close to the
+    frontier wherever it is not convex)."""
+    if len(r) == 0:
+        return r, blk
+    c, sf, sg = np.unravel_index(blk, shape)
+    fi = np.array([0, ft.shape[-1] // 2, ft.shape[-1] - 1])
+    gi = np.array([0, gt.shape[-1] // 2, gt.shape[-1] - 1])
+    corner_t = ft[r, c, sf][:, fi] + gt[r, c, sg][:, gi]
+    corner_m = fm[r, c, sf][:, fi] + gm[r, c, sg][:, gi]
+    pos = _positions_in_rows(r, rows)
+    width = int(pos.max()) + 1
+    ct = np.full((rows, width, 3), np.inf)
+    cm = np.full((rows, width, 3), np.inf)
+    ct[r, pos], cm[r, pos] = corner_t, corner_m
+    stairs = Staircase(*prune_rows(ct.reshape(rows, -1), cm.reshape(rows, -1))[:2])
+    it = np.full((rows, width), np.inf)
+    im = np.full((rows, width), np.inf)
+    it[r, pos], im[r, pos] = ideal_t[r, blk], ideal_m[r, blk]
+    keep = ~strictly_dominated(it, im, stairs)[r, pos]
+    return r[keep], blk[keep]
 
 
 def _supported_points(f_t, f_m, g_t, g_m):
@@ -181,7 +211,7 @@ def _supported_points(f_t, f_m, g_t, g_m):
     t_span = float(np.ptp(finite_t)) if finite_t.size else 1.0
     m_span = float(np.ptp(finite_m)) if finite_m.size else 1.0
     ratio = (t_span or 1.0) / (m_span or 1.0)
-    weights = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, ratio * 2.0**k) for k in range(-6, 7)]
+    weights = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, ratio * 2.0**k) for k in range(-6, 7, 2)]
     pts_t, pts_m = [], []
     rr = np.arange(rows)[:, None]
     cc = np.arange(f_t.shape[1])[None, :]
