@@ -162,14 +162,14 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     r, blk = np.nonzero(alive)
     r, blk = _second_round(r, blk, rows, ideal_t, ideal_m, ft, fm, gt, gm, (n_c, nf, ng))
     c, sf, sg = np.unravel_index(blk, (n_c, nf, ng))
-    cand_t = (ft[r, c, sf][:, :, None] + gt[r, c, sg][:, None, :]).reshape(len(r), -1)
-    cand_m = (fm[r, c, sf][:, :, None] + gm[r, c, sg][:, None, :]).reshape(len(r), -1)
-    i = sf[:, None] * _SEG_F + np.arange(_SEG_F)[None, :]
-    j = sg[:, None] * bg + np.arange(bg)[None, :]
-    code = ((c[:, None, None] * wf + i[:, :, None]) * wg + j[:, None, :]).reshape(len(r), -1)
+    q, cand_t, cand_m, i, j = _refine(r, rows, ft[r, c, sf], fm[r, c, sf], gt[r, c, sg], gm[r, c, sg])
+    i = sf[q][:, None] * _SEG_F + i
+    j = sg[q][:, None] * bg + j
+    code = ((c[q][:, None, None] * wf + i[:, :, None]) * wg + j[:, None, :]).reshape(len(q), -1)
+    r = r[q]
     pos = _positions_in_rows(r, rows)
     n_blocks = max(int(pos.max(initial=-1)) + 1, 1)
-    per = _SEG_F * bg
+    per = cand_t.shape[1]
     t = np.full((rows, n_blocks, per), np.inf)
     m = np.full((rows, n_blocks, per), np.inf)
     codes = np.full((rows, n_blocks, per), -1, dtype=np.int64)
@@ -177,6 +177,46 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), delta, prefilter=PREFILTER_SURVIVORS)
     src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
     return pt, pm, src
+
+
+def _refine(r, rows, f_t, f_m, g_t, g_m):
+    """Cut each surviving segment pair into sub-pairs and keep those whose ideal point no
+    sub-pair corner of the row strictly dominates.
+
+    ``f_*``: (n, SEG_F), ``g_*``: (n, bg) the segments of the n surviving pairs (pair ``q``
+    in row ``r[q]``, rows ascending). Returns ``(q, t, m, i, j)``: for each kept sub-pair, its
+    pair, its candidates (flattened i-major) and their positions within the segments.
+    """
+    n, sf_len = f_t.shape
+    sg_len = g_t.shape[1]
+    sub_f = next(d for d in (4, 2, 1) if sf_len % d == 0)
+    sub_g = next(d for d in (2, 1) if sg_len % d == 0)
+    nsf, nsg = sf_len // sub_f, sg_len // sub_g
+    fs_t, fs_m = f_t.reshape(n, nsf, sub_f), f_m.reshape(n, nsf, sub_f)
+    gs_t, gs_m = g_t.reshape(n, nsg, sub_g), g_m.reshape(n, nsg, sub_g)
+    ideal_t = fs_t.min(-1)[:, :, None] + gs_t.min(-1)[:, None, :]
+    ideal_m = fs_m.min(-1)[:, :, None] + gs_m.min(-1)[:, None, :]
+    corner_t = np.stack([fs_t[..., 0][:, :, None] + gs_t[..., 0][:, None, :],
+                         fs_t[..., -1][:, :, None] + gs_t[..., -1][:, None, :]], axis=-1)
+    corner_m = np.stack([fs_m[..., 0][:, :, None] + gs_m[..., 0][:, None, :],
+                         fs_m[..., -1][:, :, None] + gs_m[..., -1][:, None, :]], axis=-1)
+    pos = _positions_in_rows(r, rows)
+    width = int(pos.max(initial=0)) + 1
+    per = nsf * nsg
+    ct = np.full((rows, width, per * 2), np.inf)
+    cm = np.full((rows, width, per * 2), np.inf)
+    ct[r, pos], cm[r, pos] = corner_t.reshape(n, -1), corner_m.reshape(n, -1)
+    stairs = Staircase(*prune_rows(ct.reshape(rows, -1), cm.reshape(rows, -1))[:2])
+    it = np.full((rows, width, per), np.inf)
+    im = np.full((rows, width, per), np.inf)
+    it[r, pos], im[r, pos] = ideal_t.reshape(n, -1), ideal_m.reshape(n, -1)
+    alive = np.isfinite(it) & ~strictly_dominated(it.reshape(rows, -1), im.reshape(rows, -1), stairs).reshape(it.shape)
+    q, a, b = np.nonzero(alive[r, pos].reshape(n, nsf, nsg))
+    t = (fs_t[q, a][:, :, None] + gs_t[q, b][:, None, :]).reshape(len(q), -1)
+    m = (fs_m[q, a][:, :, None] + gs_m[q, b][:, None, :]).reshape(len(q), -1)
+    i = a[:, None] * sub_f + np.arange(sub_f)[None, :]
+    j = b[:, None] * sub_g + np.arange(sub_g)[None, :]
+    return q, t, m, i, j
 
 
 def _second_round(r, blk, rows, ideal_t, ideal_m, ft, fm, gt, gm, shape):
