@@ -2,11 +2,10 @@
 
 A factor over scope ``(v1, ..., vr)`` holds, for every joint configuration of those
 nodes, the Pareto frontier of the partial cost of everything already folded into it.
-Two operations build every factor the solver makes:
-
-- :func:`combine` — series sum ⊕ over the union of the scopes, optionally folding one
-  node out by choice ∪ over its configurations in the same step (variable elimination);
-- :func:`chain_product` (in ``blocks``) — the same, for repeated blocks.
+One operation builds every factor the solver makes (repeated blocks included):
+:func:`combine` — series sum ⊕ over the union of the scopes, optionally folding one node
+out by choice ∪ over its configurations in the same step (variable elimination). Its
+arithmetic is :func:`sum_prune`.
 
 Each point records where it came from (``src``), so one assignment per frontier point is
 recovered by walking the factors back (:func:`reconstruct`) instead of searching again.

@@ -16,13 +16,20 @@ merge by ⊕ (edge elimination). Folding every node in turn leaves the frontier 
 whole graph. Where each step lives:
 
 1. drop dominated configurations (``dominance.dominated_free_configs``);
-2. repeated blocks become one chain factor A^(L-1) by repeated squaring (``blocks``,
-   :func:`_chain_factor`);
-3. order the folding — OptCNN's eliminations first, then the smallest-neighbourhood
-   fallback for residuals and fan-outs (``elimination.plan_elimination``);
-4. fold, keeping back-pointers (``factors.combine``);
-5. walk the back-pointers once per frontier point (``factors.reconstruct``) and check
-   each assignment's recomputed cost against its point.
+2. order the folding (``elimination.plan_elimination``): cheapest step first — OptCNN's
+   node eliminations (≤ 2 neighbours) before the general fallback for residuals and
+   fan-outs; within a step, factors on the same nodes merge first (edge elimination,
+   ``elimination.combine_order``), carried out by :func:`_run`;
+3. fold, keeping back-pointers (``factors.combine``). The union-of-sums at its heart,
+   ``∪_c f(s, c) ⊕ g(s, c)``, is ``factors.sum_prune``: wide sums skip segment pairs
+   whose ideal point is strictly dominated by real candidates, then prune the rest with
+   ``pareto.prune_rows`` (one sort by time, ties resolved without sorting);
+4. repeated blocks (``blocks.chain_layout``): one block's transfer factor
+   ``A(x_{k-1}, x_k)`` is solved once (the template), then folded in block by block,
+   ``V_k(x_k) = ∪_{x_{k-1}} V_{k-1}(x_{k-1}) ⊕ A(x_{k-1}, x_k)`` with ``V_0`` the
+   factor of everything before the chain (:class:`_ChainBuilder`);
+5. walk the back-pointers for all frontier points at once (``factors.reconstruct``)
+   and check each assignment's recomputed cost against its point (:func:`_verify`).
 
 ``epsilon > 0`` prunes every combine to a (1+δ) grid in memory with
 ``δ = (1+ε)^(1/D) − 1``, D the longest chain of prunes to the result: every exact

@@ -9,19 +9,27 @@ How configurations are modelled (all generators): every node runs on ``P = 8`` d
 Configuration ``c`` of a node is a distinct tuple (tensor-parallel degree ``d`` in
 {1, 2, 4, 8} — the rest of the devices split the batch —, input layout, output layout,
 recompute flag); layouts are small integer labels ("replicated", "shard batch", "shard
-hidden", ...). A node's cost is a deterministic function of ``(d, recompute)``: compute
-time barely depends on ``d``; tensor parallelism adds activation all-reduces but shards
-the weights, data parallelism all-reduces the gradients of the replicated weights;
+hidden", ...). Every node offers the "natural" tuples first (degree ``d`` with layout
+``log2 d`` in and out, so whole blocks can run at one degree without re-layouts), then
+random other tuples; only activation-heavy nodes (head, loss) offer recomputation.
+
+A node's cost is a deterministic function of ``(d, recompute)``: compute time grows a
+little with ``d`` (smaller GEMMs); operators with weights add activation all-reduces over
+the tensor-parallel group and gradient all-reduces over the data-parallel group; weights
+(with gradients and optimizer state) are sharded over the tensor-parallel group;
 recomputation trades activation memory for a second forward pass. Configurations that
 differ only in their layouts therefore cost the same on the node and differ only on the
 edges. An edge ``(u, v)`` costs a deterministic re-layout time (depending on the pair of
 layouts, the pair of degrees and the tensor size; zero where both match); some edges also
 carry a memory cost (a staging buffer) on mismatched pairs. The only noise is one time
-factor and one memory factor per node (within ±5 %), so frontiers stay as narrow as those
-of real cost models (tens to a few hundred points), not as wide as i.i.d. noise per
-configuration would make them.
+factor per node (within ±3 %, the same for all its configurations). Frontiers are then
+as narrow as real ones: about a dozen points for one transformer block, a few hundred
+for 12–24 blocks (exact frontiers still widen with every block), not thousands for one
+block as i.i.d. noise per configuration and edge entry made them.
 
-``dyadic=True`` (the default) rounds every cost to a multiple of 1/64. All costs are then
+``dyadic=True`` (the default) rounds every time to a multiple of 1/64 and every memory to
+a multiple of 1/4 (sizes are whole numbers of bytes; memories never need the fine grid).
+All costs are then
 dyadic rationals of modest size, so every sum of them is exact in float64 whatever the
 order of addition: a solver's frontier can be compared with the brute-force frontier by
 exact equality (``np.array_equal``), not up to a tolerance.
