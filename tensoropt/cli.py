@@ -30,6 +30,8 @@ def _frontier_parser(sub) -> None:
     p.add_argument("--out", default=None, help="write the chosen plan (--budget, else the fastest) as JSON")
     p.add_argument("--describe", action="store_true", help="print the chosen plan's per-operator table")
     p.add_argument("--list-models", action="store_true", help="list the zoo models and exit")
+    p.add_argument("--rows", type=int, default=25, help="table rows shown, evenly spread over the frontier "
+                                                        "(0: all)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -56,7 +58,10 @@ def _run_frontier(args) -> int:
     else:
         print(repr(f))
         cols = ["time_ms", "memory_gib", "mesh", "summary", "fits_device"]
-        print(df[cols].to_string(float_format=lambda x: f"{x:.4f}"))
+        shown = df if args.rows <= 0 or len(df) <= args.rows else df.iloc[_spread(len(df), args.rows)]
+        print(shown[cols].to_string(float_format=lambda x: f"{x:.4f}"))
+        if len(shown) < len(df):
+            print(f"({len(shown)} of {len(df)} plans shown, evenly spread; --rows 0 or --format csv for all)")
         if f.reference:
             print("\nreference plans:")
             print(f.references_to_pandas()[["label"] + cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
@@ -74,6 +79,11 @@ def _run_frontier(args) -> int:
         if args.format == "table":
             print(f"plot written to {args.plot}")
     return 0
+
+
+def _spread(n: int, k: int) -> list[int]:
+    """k indices spread evenly over range(n), first and last included."""
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
 
 
 def main(argv: list[str] | None = None) -> int:
