@@ -40,6 +40,21 @@ from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, su
 ABLATION_ORDER = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s",
                   "optimizer_s_per_param", "comm_scale")
 DEFAULT_TERMS = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s")
+NOTES = [
+    "Wall times were taken on a shared 2-core machine while other test suites ran (see "
+    "overall.*.loadavg_1min_during_timing): wall time per step is several times the process CPU time, and "
+    "the wall-time compute_scale absorbs that contention. The CPU-time metric (calibration_cpu_time) is far "
+    "less sensitive to it but excludes time spent waiting in collectives.",
+    "Split: per (model, world), pairs sorted by predicted time alternate train/test; the calibration is fitted "
+    "on train and evaluated on test ('calibrated.test'); step_calibration.json is refitted on all pairs.",
+    "The collective_calls feature counts data-parallel gradient reductions per bucket (one per layers.<i> "
+    "block + 1), as FSDP2 replicate/fully_shard issue them; this definition was chosen after a first "
+    "measurement run (report_run1.json) showed bucketed all-reduces. 'earlier_run_calibration' evaluates the "
+    "terms fitted on that first run on this run's pairs.",
+    "Pipeline plans (pp...) are skipped: tensoropt.parallelize does not lay them out (PlanNotApplicable).",
+    "Memory: MemTracker categories at the step's peak are compared with the predicted breakdown per pair "
+    "(memory_by_category); memory_resident_error_rank0 is a diagnostic over the priced categories only.",
+]
 
 
 def measure(args) -> tuple[list[dict], list[dict]]:
@@ -250,7 +265,7 @@ def main() -> None:
     report = {
         "format": "tensoropt.validation/1",
         "overall": overall, "calibration": calib, "calibration_cpu_time": calib_cpu, "pairs": pairs, "skipped": skipped,
-        "measured_by": measured_by,
+        "measured_by": measured_by, "notes": NOTES,
         "environment": {"machine": platform.machine(), "processor": platform.processor(),
                         "cpus": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version(), "torch": torch.__version__,

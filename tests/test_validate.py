@@ -181,3 +181,30 @@ def test_worker_end_to_end_world2(tmp_path):
         assert r["memory_method"]
         assert math.isfinite(r["loss_first"]) and math.isfinite(r["loss_last"])
         json.dumps(r)
+
+
+def test_validate_script_analysis_on_synthetic_pairs():
+    """scripts/validate.py's fit/evaluate/ablation on pairs generated from known terms."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_script", os.path.join(ROOT, "scripts", "validate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    truth = StepCalibration(fixed_s=0.03, compute_scale=2.0, per_collective_s=2e-3, per_sharded_op_s=1e-3)
+    feats = _synthetic_features(24, seed=5)
+    pairs = []
+    for i, f in enumerate(feats):
+        t = truth.predict(f)
+        f = dict(f, predicted_s=f["compute_s"] + f["comm_s"])
+        pairs.append({"model": "m%d" % (i % 3), "world": 2, "predicted_time_s": f["predicted_s"], "features": f,
+                      "measured_time_s": t, "measured_cpu_time_s": t / 2})
+    out, all_fit = mod.analyse(pairs, mod.DEFAULT_TERMS, "wall")
+    assert out["train_pairs"] == 12 and out["test_pairs"] == 12
+    assert out["calibrated"]["test"]["median_abs_time_error"] < 1e-6
+    assert out["calibrated"]["test"]["spearman_time"] == pytest.approx(1.0)
+    assert out["uncalibrated"]["test"]["median_abs_time_error"] > 0.3
+    assert [c["added"] for c in out["cumulative"]] == list(mod.ABLATION_ORDER)
+    assert {d["dropped"] for d in out["drop_one"]} == set(mod.DEFAULT_TERMS)
+    for t in mod.DEFAULT_TERMS:
+        assert getattr(all_fit, t) == pytest.approx(getattr(truth, t), rel=0.02)
+    assert all(p["calibrated_time_error"] == pytest.approx(0, abs=1e-6) for p in pairs)
