@@ -182,6 +182,52 @@ def analyse(pairs: list[dict], terms: tuple[str, ...], metric: str = "wall") -> 
     return out, all_fit
 
 
+def analyse_memory(pairs: list[dict], out_dir: str) -> dict:
+    """Whole-step memory terms (``fit.MemoryCalibration``) on the same train/test split."""
+    from tensoropt.plan import Plan
+    from tensoropt.validate.cases import capture_graph
+    from tensoropt.validate.fit import MEMORY_TERMS, MemoryCalibration, fit_memory_calibration, memory_features
+
+    graphs: dict = {}
+    for p in pairs:
+        if p["model"] not in graphs:
+            graphs[p["model"]] = capture_graph(p["model"])
+        plan = Plan.load(os.path.join(out_dir, p["plan_file"]))
+        p["memory_features"] = memory_features(plan, graphs[p["model"]], p.get("apply_mode"))
+    key = "measured_memory_bytes"
+    train = [p for p in pairs if p["split"] == "train"]
+    test = [p for p in pairs if p["split"] == "test"]
+
+    def ev(cal, ps):
+        if not ps:
+            return {"n": 0}
+        s = summarize([cal.predict(p["memory_features"]) for p in ps], [p[key] for p in ps])
+        return {k.replace("time", "memory"): v for k, v in s.items()}
+
+    raw = MemoryCalibration()
+    out = {"terms": list(MEMORY_TERMS), "uncalibrated": {"train": ev(raw, train), "test": ev(raw, test)},
+           "cumulative": []}
+    used = []
+    for t in MEMORY_TERMS:
+        used.append(t)
+        cal = fit_memory_calibration([p["memory_features"] for p in train], [p[key] for p in train], used)
+        out["cumulative"].append({"added": t, "fitted": cal.terms(), "train": ev(cal, train), "test": ev(cal, test)})
+    full = fit_memory_calibration([p["memory_features"] for p in train], [p[key] for p in train])
+    out["fit_on_train"] = full.terms()
+    out["calibrated"] = {"train": ev(full, train), "test": ev(full, test), "all": ev(full, pairs)}
+    for p in pairs:
+        p["calibrated_memory_bytes"] = full.predict(p["memory_features"])
+        p["calibrated_memory_error"] = (p["calibrated_memory_bytes"] - p[key]) / p[key]
+    all_fit = fit_memory_calibration([p["memory_features"] for p in pairs], [p[key] for p in pairs])
+    out["fit_on_all"] = all_fit.terms()
+    with open(os.path.join(out_dir, "memory_calibration.json"), "w") as f:
+        json.dump({"format": "tensoropt.memory_calibration/1", **all_fit.terms(),
+                   "formula": "peak = predicted_memory_bytes + temp_factor*max_local_tensor_bytes"
+                              " + replicate_param_copies*replicate_param_bytes (tensoropt.validate.fit)",
+                   "fitted_on_pairs": len(pairs)}, f, indent=1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,llama,cnn,gpt-wide")
@@ -229,6 +275,7 @@ def main() -> None:
     if not pairs:
         raise SystemExit("no pair was measured")
     calib, all_fit = analyse(pairs, terms, "wall")
+    calib_mem = analyse_memory(pairs, args.out)
     if args.calibration:
         prev = StepCalibration.load(args.calibration)
         calib["earlier_run_calibration"] = {"file": args.calibration, "terms": prev.terms(), "meta": prev.meta,
@@ -264,7 +311,8 @@ def main() -> None:
 
     report = {
         "format": "tensoropt.validation/1",
-        "overall": overall, "calibration": calib, "calibration_cpu_time": calib_cpu, "pairs": pairs, "skipped": skipped,
+        "overall": overall, "calibration": calib, "calibration_cpu_time": calib_cpu,
+        "memory_calibration": calib_mem, "pairs": pairs, "skipped": skipped,
         "measured_by": measured_by, "notes": NOTES,
         "environment": {"machine": platform.machine(), "processor": platform.processor(),
                         "cpus": os.cpu_count(), "platform": platform.platform(),

@@ -208,3 +208,18 @@ def test_validate_script_analysis_on_synthetic_pairs():
     for t in mod.DEFAULT_TERMS:
         assert getattr(all_fit, t) == pytest.approx(getattr(truth, t), rel=0.02)
     assert all(p["calibrated_time_error"] == pytest.approx(0, abs=1e-6) for p in pairs)
+
+
+def test_memory_fit_recovers_known_terms():
+    from tensoropt.validate.fit import MemoryCalibration, fit_memory_calibration
+
+    rng = np.random.default_rng(7)
+    feats = [{"predicted_memory_bytes": float(rng.uniform(1e6, 5e7)),
+              "max_local_tensor_bytes": float(rng.uniform(1e5, 4e6)),
+              "replicate_param_bytes": float(rng.choice([0.0, rng.uniform(1e6, 1e7)]))} for _ in range(30)]
+    truth = MemoryCalibration(temp_factor=2.5, replicate_param_copies=1.0)
+    y = [truth.predict(f) for f in feats]
+    cal = fit_memory_calibration(feats, y)
+    assert cal.temp_factor == pytest.approx(2.5, rel=0.02)
+    assert cal.replicate_param_copies == pytest.approx(1.0, rel=0.02)
+    assert MemoryCalibration().predict(feats[0]) == feats[0]["predicted_memory_bytes"]

@@ -30,7 +30,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "calibrated_frontier",
-           "CALIBRATION_FORMAT"]
+           "CALIBRATION_FORMAT", "MEMORY_TERMS", "MemoryCalibration", "memory_features", "fit_memory_calibration"]
 
 CALIBRATION_FORMAT = "tensoropt.step_calibration/1"
 
@@ -221,3 +221,74 @@ def calibrated_frontier(plans: Sequence, calibration: StepCalibration, graph) ->
             out.append((p, t))
             best_mem = p.memory_bytes
     return out
+
+
+# ---------------------------------------------------------------------------------- memory
+
+MEMORY_TERMS: dict[str, str] = {
+    "temp_factor": "max_local_tensor_bytes",          # transients at the peak, in largest-tensor units
+    "replicate_param_copies": "replicate_param_bytes",  # extra parameter copies of the data-parallel wrapper
+}
+
+
+@dataclass
+class MemoryCalibration:
+    """Whole-step memory terms the per-operator model does not price::
+
+        peak = predicted_memory_bytes + temp_factor * max_local_tensor_bytes
+               + replicate_param_copies * replicate_param_bytes
+
+    ``max_local_tensor_bytes``: the largest operator output of the plan, local shard (a
+    temporary of that size -- its gradient, say -- is alive at the peak);
+    ``replicate_param_bytes``: the plan's parameter bytes when the apply layer wraps it in
+    FSDP2 (``apply_mode == "replicate"``), else 0.
+    """
+    temp_factor: float = 0.0
+    replicate_param_copies: float = 0.0
+
+    def predict(self, features: Mapping[str, float]) -> float:
+        return float(features["predicted_memory_bytes"]
+                     + sum(getattr(self, t) * float(features.get(f, 0.0)) for t, f in MEMORY_TERMS.items()))
+
+    def terms(self) -> dict[str, float]:
+        return {t: float(getattr(self, t)) for t in MEMORY_TERMS}
+
+
+def memory_features(plan, graph, apply_mode: str | None = None) -> dict[str, float]:
+    """Features of :class:`MemoryCalibration` for one plan (``graph``: its captured OpGraph)."""
+    if [o.name for o in graph.operators] != [o.name for o in plan.ops]:
+        raise ValueError("plan and graph list different operators")
+    largest = 0.0
+    for op, choice in zip(graph.operators, plan.ops):
+        shards = 1
+        for a, p in enumerate(choice.placements.split(",")):
+            if p.strip().startswith("S(") and a < len(plan.mesh_shape):
+                shards *= plan.mesh_shape[a]
+        largest = max(largest, float(op.output.nbytes) / shards)
+    if apply_mode is None:
+        apply_mode = "dtensor" if _has_model_axis(plan) else "replicate"
+    b = plan.breakdown or {}
+    return {"predicted_memory_bytes": float(plan.memory_bytes), "max_local_tensor_bytes": largest,
+            "replicate_param_bytes": float(b.get("param_bytes", 0.0)) if apply_mode == "replicate" else 0.0}
+
+
+def fit_memory_calibration(features: Sequence[Mapping[str, float]], measured_bytes: Iterable[float],
+                           terms: Sequence[str] = tuple(MEMORY_TERMS)) -> MemoryCalibration:
+    """Non-negative least squares on relative residuals (as :func:`fit_calibration`)."""
+    from scipy.optimize import nnls
+
+    y = np.asarray(list(measured_bytes), dtype=float)
+    if len(features) != len(y) or np.any(y <= 0):
+        raise ValueError("need one positive measurement per feature row")
+    terms = tuple(t for t in MEMORY_TERMS if t in terms)
+    cal = MemoryCalibration()
+    if not terms:
+        return cal
+    base = np.array([f["predicted_memory_bytes"] for f in features], dtype=float)
+    A = np.array([[float(f.get(MEMORY_TERMS[t], 0.0)) for t in terms] for f in features]) / y[:, None]
+    norms = np.linalg.norm(A, axis=0)
+    norms[norms == 0] = 1.0
+    x, _ = nnls(A / norms, (y - base) / y)
+    for t, v in zip(terms, x / norms):
+        setattr(cal, t, float(v))
+    return cal

@@ -114,9 +114,19 @@ def plot_predicted_vs_measured(pairs: list[dict], path: str, title: str = "") ->
     for mdl in models:
         ps = [p for p in pairs if p["model"] == mdl]
         ax.scatter([p["predicted_memory_bytes"] / 2**20 for p in ps],
-                   [p["measured_memory_bytes"] / 2**20 for p in ps], marker=markers[mdl], label=mdl)
+                   [p["measured_memory_bytes"] / 2**20 for p in ps], marker=markers[mdl], facecolors="none",
+                   edgecolors="C0")
+        if all("calibrated_memory_bytes" in p for p in ps):
+            ax.scatter([p["calibrated_memory_bytes"] / 2**20 for p in ps],
+                       [p["measured_memory_bytes"] / 2**20 for p in ps], marker=markers[mdl], s=30,
+                       c=["C3" if p.get("split") == "test" else "C2" for p in ps])
+    for mdl in models:
+        ax.scatter([], [], marker=markers[mdl], c="k", label=mdl)
+    ax.scatter([], [], marker="o", facecolors="none", edgecolors="C0", label="cost model (uncalibrated)")
+    ax.scatter([], [], marker="o", c="C2", label="+ whole-step memory terms, fit pair")
+    ax.scatter([], [], marker="o", c="C3", label="+ whole-step memory terms, held-out pair")
     _diag(ax, 0.10)
-    ax.set_xlabel("predicted peak memory per device (MiB)")
+    ax.set_xlabel("predicted peak memory per device (MiB)")  # noqa: E501
     ax.set_ylabel("measured peak memory, max over ranks (MiB, MemTracker)")
     ax.set_title("peak memory (whole step)")
     ax.legend(fontsize=7)
