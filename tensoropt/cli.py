@@ -24,6 +24,7 @@ def _frontier_parser(sub) -> None:
     p.add_argument("--epsilon", type=float, default=0.0, help="(1+eps)-approximate frontier (default 0: exact)")
     p.add_argument("--max-mesh-dims", type=int, default=3)
     p.add_argument("--profile", default=None, help="measured profile JSON (tensoropt profile)")
+    p.add_argument("--calibration", default=None, help="whole-step calibration JSON (scripts/validate.py)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds before the search gives up")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--plot", default=None, help="write the frontier plot to this PNG")
@@ -47,7 +48,8 @@ def _run_frontier(args) -> int:
     from .search import frontier
 
     f = frontier(args.model, args.devices, batch_size=args.batch_size, precision=args.precision,
-                 optimizer=args.optimizer, profile=args.profile, epsilon=args.epsilon,
+                 optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
+                 epsilon=args.epsilon,
                  max_mesh_dims=args.max_mesh_dims, time_limit_s=args.time_limit,
                  progress=False if args.no_progress else None)
     df = f.to_pandas()

@@ -151,6 +151,7 @@ def frontier(
     precision: str | None = None,
     optimizer: str = "adam",
     profile: str | None = None,
+    calibration: str | None = None,
     epsilon: float = 0.0,
     max_mesh_dims: int = 3,
     zero: bool = True,
@@ -169,7 +170,12 @@ def frontier(
     :class:`~tensoropt.scaling.ScalingFrontier` (the device count as a third objective).
     ``precision``: ``"bf16-mixed"`` (default on GPUs) or ``"fp32"`` (default on CPU).
     ``profile``: path of a measured profile (``tensoropt profile``) to price compute and
-    collectives with. ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
+    collectives with. ``calibration``: a whole-step calibration fitted on measured runs
+    (``scripts/validate.py``) that re-prices the frontier's plans afterwards (compute scale,
+    per-collective and per-operator overheads, fixed cost per step) and keeps the Pareto-optimal
+    ones; plans pruned during the search are not revisited, so this is an approximation
+    (``breakdown["model_time_s"]`` keeps each plan's uncalibrated time).
+    ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
     ``zero``: also search ZeRO stages 2 and 3 on the data-parallel axes (stage 1 moves the same
     bytes as stage 2 and keeps more, so it never reaches the frontier in this cost model).
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
@@ -185,10 +191,32 @@ def frontier(
             per_count[n] = _search(graph, module, recapture if pipeline else None, f"{n}x{device}", precision,
                                    optimizer, profile, epsilon, max_mesh_dims, zero, recompute, time_limit_s,
                                    progress, references, start)
+        if calibration is not None:
+            per_count = {n: _calibrate(f, calibration, graph) for n, f in per_count.items()}
         return ScalingFrontier.merge(graph.name, device, per_count)
     graph, module, recapture = _capture(model, inputs, batch_size)
-    return _search(graph, module, recapture if pipeline else None, devices, precision, optimizer, profile,
-                   epsilon, max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
+    f = _search(graph, module, recapture if pipeline else None, devices, precision, optimizer, profile,
+                epsilon, max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
+    return f if calibration is None else _calibrate(f, calibration, graph)
+
+
+def _calibrate(f: Frontier, path: str, graph: OpGraph) -> Frontier:
+    """Re-price a frontier with a whole-step calibration (see ``frontier``)."""
+    from dataclasses import replace as _replace
+
+    from .validate.fit import StepCalibration, calibrated_frontier, step_features
+
+    try:
+        cal = StepCalibration.load(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no calibration at {path}; fit one with scripts/validate.py") from None
+
+    def priced(p: Plan, t: float) -> Plan:
+        return _replace(p, time_s=float(t), breakdown={**p.breakdown, "model_time_s": p.time_s})
+
+    plans = [priced(p, t) for p, t in calibrated_frontier(f.plans, cal, graph)]
+    refs = {k: priced(p, cal.predict(step_features(p, graph))) for k, p in f.reference.items()}
+    return Frontier(f.model, f.devices, plans, refs, f.device_memory_bytes, {**f.stats, "calibration": path})
 
 
 def _search(graph, module, recapture, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero,

@@ -203,3 +203,22 @@ def test_measured_profile_prices_the_plans(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match="not a valid tensoropt profile"):
         tensoropt.frontier("mlp-tiny", "cpu:2", profile=str(tmp_path / "bad.json"), progress=False)
+
+
+def test_whole_step_calibration_reprices_the_frontier(tmp_path):
+    from tensoropt.validate.fit import StepCalibration, step_features
+
+    cal = StepCalibration(compute_scale=2.0, fixed_s=0.01)
+    cal.save(tmp_path / "cal.json")
+    base = tensoropt.frontier("mlp-tiny", "cpu:2", pipeline=False, progress=False)
+    f = tensoropt.frontier("mlp-tiny", "cpu:2", pipeline=False, progress=False, calibration=str(tmp_path / "cal.json"))
+    assert np.all(np.diff(f.times_s) > 0) and np.all(np.diff(f.memories_bytes) < 0)
+    by_mem = {p.memory_bytes: p for p in base.plans}
+    for p in f.plans:
+        orig = by_mem[p.memory_bytes]
+        assert p.breakdown["model_time_s"] == orig.time_s
+        assert p.time_s == pytest.approx(cal.predict(step_features(orig)))
+        assert p.time_s > orig.time_s + 0.01 - 1e-12
+    with pytest.raises(FileNotFoundError, match="validate.py"):
+        tensoropt.frontier("mlp-tiny", "cpu:2", pipeline=False, progress=False,
+                           calibration=str(tmp_path / "none.json"))
