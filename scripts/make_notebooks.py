@@ -21,6 +21,7 @@ OUT = ROOT / "notebooks"
 
 SETUP = """\
 import time
+import warnings
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -29,6 +30,7 @@ import tensoropt
 from tensoropt import plots
 from tensoropt.units import parse_bytes
 
+warnings.filterwarnings("ignore", message="IProgress not found")   # tqdm without ipywidgets
 pd.set_option("display.width", 160)
 pd.set_option("display.max_columns", 20)
 %matplotlib inline"""
@@ -417,7 +419,10 @@ each, no communication). Operators that leave the batch split are the weight-hea
 the MLP's `fc1` splits its output features (`n`), the GELU its hidden dimension (`h`), `fc2`
 its contracted dimension (`k`, partial sums reduced after it) — Megatron's column-then-row
 pattern, found by the search rather than prescribed — because the MLP holds two thirds of a
-block's weights; the embedding leaves its hidden split only at the very end.
+block's weights; the attention projections follow (`q/k/v` split by output features, i.e.
+by heads, `o_proj` by its contracted dimension). The exact order of these steps depends on
+the cost model and the settings above; rerun with `MAX_MESH_DIMS = 2` to see data and
+tensor parallelism combined on one mesh.
 
 The same per-operator table as data (here the fastest plan that fits the budget):
 """),
