@@ -230,12 +230,16 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
     plans: list[Plan] = []
     problems: list[MeshProblem] = []
     points, owners_ = [], []
-    from tqdm.auto import tqdm
-
     cases = [(mesh, z) for mesh in meshes for z in ((0, 2, 3) if zero and mesh.size > 1 else (0,))]
-    bar = tqdm(cases, desc="meshes", disable=not _show(progress), leave=False)
-    for mesh, z in bar:
-        bar.set_postfix_str(f"{mesh} zero {z}")
+    if _show(progress):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(cases, desc="meshes", leave=False)
+    else:
+        bar = None
+    for mesh, z in (bar if bar is not None else cases):
+        if bar is not None:
+            bar.set_postfix_str(f"{mesh} zero {z}")
         problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=recompute)
         remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
         result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress)
