@@ -196,8 +196,8 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
     if getattr(plan, "stages", ()) or getattr(plan, "microbatches", 1) > 1:
         raise PlanNotApplicable(
             f"plan {plan.summary} is a pipeline plan ({len(plan.stages)} stage plans, "
-            f"{getattr(plan, 'microbatches', 1)} micro-batches): the apply layer does not run pipeline "
-            "schedules yet; pick a plan without pipeline stages")
+            f"{getattr(plan, 'microbatches', 1)} micro-batches): a pipelined model cannot be called like "
+            "the original; use runner = tensoropt.apply.pipeline(model, plan) and runner.step(*inputs)")
     sig = param_signature(model)
     if plan.param_signature and plan.param_signature != sig:
         raise ValueError(
@@ -364,8 +364,10 @@ class _Mode(TorchFunctionMode):
 
 
 class _Runner:
-    def __init__(self, model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> None:
+    def __init__(self, model: nn.Module, layout: PlanLayout, mesh: DeviceMesh,
+                 root: nn.Module | None = None) -> None:
         self.model, self.layout, self.mesh = model, layout, mesh
+        self.root = model if root is None else root     # where forward starts and ends (pipeline stage)
         self.coord = list(mesh.get_coordinate() or [])
         self.stack: list[str] = []
         self.pending: dict[str, list[OpLayout]] = {}
@@ -407,8 +409,8 @@ class _Runner:
             mod.register_forward_hook(self._pop(fqn))
         for fqn in getattr(self.layout.plan, "recompute", ()) or ():
             self._recompute(fqn)
-        model.register_forward_pre_hook(self._root_pre, with_kwargs=True, prepend=True)
-        model.register_forward_hook(self._root_post)
+        self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True, prepend=True)
+        self.root.register_forward_hook(self._root_post)
 
     def _zero_storage(self) -> None:
         """ZeRO on the axes where a parameter is replicated while its operator splits another
@@ -494,6 +496,7 @@ class _Runner:
 
     def _root_pre(self, _m, args, kwargs):
         self.pending = {}
+        self.stack = []
         for o in self.layout.ops:
             self.pending.setdefault(o.module, []).append(o)
         rep = [Replicate()] * self.mesh.ndim
@@ -522,6 +525,8 @@ class _Runner:
 
     # -- execution
     def match(self, func) -> OpLayout | None:
+        if self.root is not self.model and getattr(self.root, "_prefix", False):
+            return None                     # a later pipeline stage evaluating the dropped prefix
         fqn = self.stack[-1] if self.stack else ""
         queue = self.pending.get(fqn)
         if not queue:

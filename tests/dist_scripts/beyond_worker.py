@@ -96,7 +96,7 @@ def build(key: str, plan, graph):
     inputs = make_inputs(key)
     if plan.stages:
         from tensoropt.apply import pipeline
-        runner = pipeline(model, plan, graph=graph)
+        runner = pipeline(model, plan, inputs=inputs)
         return (lambda: runner.step(*inputs)), list(runner.parameters()), runner.full_grads, runner, model
     parallelize(model, plan, graph=graph)
 
@@ -174,6 +174,9 @@ def main() -> None:
     ap.add_argument("--case", required=True, help="comma-separated model:selector")
     ap.add_argument("--measure", default="", help="comma-separated cases to measure memory for")
     args = ap.parse_args()
+    if os.environ.get("TENSOROPT_DUMP_AFTER_S"):
+        import faulthandler
+        faulthandler.dump_traceback_later(int(os.environ["TENSOROPT_DUMP_AFTER_S"]), exit=True)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     measure = set(filter(None, args.measure.split(",")))
@@ -189,6 +192,8 @@ def main() -> None:
         if dist.get_rank() == 0:
             from tensoropt.launch import emit_result
             emit_result(res)
+        elif not res["ok"]:
+            print(f"rank {dist.get_rank()} {case}: {res['trace']}", file=sys.stderr, flush=True)
         dist.barrier()
     dist.destroy_process_group()
 
