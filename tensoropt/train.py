@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             if p.memory_bytes > budget:
                 continue
             try:
-                plan_layout(p, meta, graph)
+                if not p.stages:                  # pipeline plans run with apply.pipeline
+                    plan_layout(p, meta, graph)
             except PlanNotApplicable as err:
                 skipped.append(f"{p.summary}: {err}")
                 continue
@@ -88,10 +89,24 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     model = get_model(args.model, device="cpu")
-    parallelize(model, plan, graph=graph)
     torch.manual_seed(1)
     inputs = tuple(example_inputs(args.model, args.batch_size, device="cpu"))
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    if plan.stages:
+        from tensoropt.apply import pipeline
+        runner = pipeline(model, plan, inputs=inputs)
+        params = runner.parameters()
+
+        def forward_backward():
+            return runner.step(*inputs)
+    else:
+        parallelize(model, plan, graph=graph)
+        params = list(model.parameters())
+
+        def forward_backward():
+            loss = model(*inputs)
+            loss.backward()
+            return loss
+    opt = torch.optim.Adam(params, lr=args.lr)
     from tensoropt.apply import peak_memory
 
     for step in range(args.steps):
@@ -99,13 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         holder = {}
 
         def one_step():
-            loss = model(*inputs)
-            loss.backward()
+            loss = forward_backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             holder["loss"] = float(loss.detach())
 
-        if step == args.steps - 1:
+        if step == args.steps - 1 and not plan.stages:     # MemTracker: not for pipeline stages
             mem = peak_memory(one_step, model, opt)["peak_bytes"]
         else:
             one_step()

@@ -91,7 +91,14 @@ def parallelize(model: nn.Module, spec: "ApplySpec | Plan | str | os.PathLike",
     saved plan. For a Plan, ``graph`` is the model's captured OpGraph (captured again when
     omitted); every rank passes the full global batch to ``model(...)`` and gets the global
     loss back. Must run in every rank of a torchrun launch. All validation happens before
-    any collective.
+    any collective. ZeRO stages and recomputed modules of the plan are applied, with or
+    without model-parallel axes.
+
+    Pipeline plans (``plan.stages``) cannot be called like the original model: use
+    ``runner = tensoropt.apply.pipeline(model, plan, inputs=example_inputs)``, then
+    ``loss = runner.step(*inputs)`` per iteration (1F1B over ``plan.microbatches``; every
+    rank passes the full batch and gets the global loss; gradients of this rank's stage are
+    accumulated) and ``torch.optim.Adam(runner.parameters())``.
     """
     if not isinstance(spec, ApplySpec):
         return _parallelize_plan(model, load_plan(spec), mesh, graph)

@@ -81,13 +81,17 @@ def pick(f, key: str, which: str, graph):
     return found[-1] if k == "last" else found[int(k or 0)]
 
 
-def baseline_of(plan):
-    """The same per-operator plan without ZeRO and recomputation (for the direction check)."""
+def baseline_of(plan, which: str):
+    """The same per-operator plan without what the selector names (ZeRO and/or recomputation),
+    for the direction check: only the layout changes, the plan's numbers are not used."""
+    kw = {}
+    if "rc" in which:
+        kw["recompute"] = ()
+    if "zero" in which:
+        kw["zero_stage"] = 0
     if plan.stages:
-        return dataclasses.replace(plan, recompute=(), zero_stage=0,
-                                   stages=tuple(dataclasses.replace(s, recompute=(), zero_stage=0)
-                                                for s in plan.stages))
-    return dataclasses.replace(plan, recompute=(), zero_stage=0)
+        return dataclasses.replace(plan, **kw, stages=tuple(dataclasses.replace(s, **kw) for s in plan.stages))
+    return dataclasses.replace(plan, **kw)
 
 
 def build(key: str, plan, graph):
@@ -97,7 +101,7 @@ def build(key: str, plan, graph):
     if plan.stages:
         from tensoropt.apply import pipeline
         runner = pipeline(model, plan, inputs=inputs)
-        return (lambda: runner.step(*inputs)), list(runner.parameters()), runner.full_grads, runner, model
+        return (lambda: runner.step(*inputs)), list(runner.parameters()), runner.full_grads, model, model
     parallelize(model, plan, graph=graph)
 
     def step():
@@ -157,7 +161,9 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         mem = peak_memory(step, tracked, opt)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
-        base = baseline_of(plan)
+        if "rc" not in which and "zero" not in which:
+            return res
+        base = baseline_of(plan, which)
         bstep, bparams, _, btracked, _ = build(key, base, graph)
         bopt = torch.optim.Adam(bparams, lr=LR)
         bstep()

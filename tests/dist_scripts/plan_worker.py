@@ -57,6 +57,13 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
     from tensoropt.models import example_inputs
     name, ov, batch = MODELS[key]
     torch.manual_seed(1)
+    if "seq_len" in ov:       # a config override (example_inputs' own seq_len is the input length)
+        ov = dict(ov)
+        T = ov.pop("seq_len")
+        vocab = ov.get("vocab_size")
+        idx = torch.randint(0, vocab, (batch, T), device=device)
+        targets = torch.randint(0, vocab, (batch, T), device=device)
+        return idx, targets
     return tuple(example_inputs(name, batch, device=device, **ov))
 
 
