@@ -57,6 +57,9 @@ KNOWN_COMM_MISMATCH = {
     ("gpt:tp_plain", 4): "as mlp:min_memory_plain (tp2*tp2 layouts)",
     ("gpt:min_memory_plain", 4): "as mlp:min_memory_plain (tp2*tp2 layouts)",
     ("cnn:min_memory_plain", 4): "as mlp:min_memory_plain (tp2*tp2 layouts)",
+    ("mlp:min_memory", 2): "tp2 zero3: ZeRO shards only the biases added under a contracted split; "
+                           "a bias is not saved for backward, so the apply layer does not gather it "
+                           "again there (the cost model charges every ZeRO-3 parameter two gathers)",
 }
 
 
