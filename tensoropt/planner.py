@@ -39,6 +39,7 @@ class MeshProblem:
     units: tuple[tuple[str, tuple[int, ...]], ...]  # recompute units: (module FQN, operator indices)
     unit_input_bytes: tuple[tuple[float, ...], ...]  # per unit, per configuration of its first operator
     cost_graph: CostGraph                         # nodes: operators, then one node per unit
+    tied_s: dict = None                           # operator -> per-configuration tied-parameter moves (s)
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -95,14 +96,17 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edge_cache[key] = edge_cost_table(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
         edges.append((e.src, e.dst, edge_cache[key]))
 
-    edges += _tied_parameter_edges(graph, configs, mesh, cost_model)
+    tied = _tied_parameter_times(graph, configs, mesh, cost_model)
     units = recompute_units(graph) if recompute else []
     in_unit = {i for _, ops in units for i in ops}
     nodes = []
     for i, (op, cs) in enumerate(zip(graph.operators, costs)):
         act = 0.0 if i in in_unit else activation_factor
-        nodes.append((op.name, np.array([[c.compute_s + comm_factor * c.comm_s,
-                                          c.memory_bytes + (act - 1) * c.activation_bytes] for c in cs])))
+        table = np.array([[c.compute_s + comm_factor * c.comm_s, c.memory_bytes + (act - 1) * c.activation_bytes]
+                          for c in cs])
+        if i in tied:
+            table[:, 0] += tied[i]
+        nodes.append((op.name, table))
     input_bytes = []
     for u, (name, ops) in enumerate(units):
         node = len(nodes)
@@ -119,40 +123,34 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edges.append((node, i, table))
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
-    return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg)
+    return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied)
 
 
-def _tied_parameter_edges(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> list:
+def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:
     """A later user of a tied parameter (lm_head using tok_emb.weight) works on the first
-    user's copy: moving it to the layout it needs and its gradient back is an edge between them."""
+    user's copy. Its layout moves are priced as if that copy were replicated: slicing is
+    free forward, and the gradient of a sharded use is gathered back. (An edge to the first
+    user would price it exactly, but that edge spans every block in between and breaks the
+    chain the engine composes: a tenfold slower search on GPT-2.)"""
     from .strategy import term_placements
 
-    first: dict[str, tuple[int, int]] = {}
-    out = []
+    seen: set[str] = set()
+    out: dict[int, np.ndarray] = {}
+    replicated = ("R",) * mesh.ndim
+    none = (False,) * mesh.ndim
     for i, op in enumerate(graph.operators):
         terms, _ = op.terms
         for k, pname in enumerate(op.param_names):
             if pname is None:
                 continue
-            if pname not in first:
-                first[pname] = (i, k)
+            if pname not in seen:
+                seen.add(pname)
                 continue
-            j, kj = first[pname]
-            if j == i:
-                continue
-            owner = graph.operators[j]
             spec = op.operands[k]
             nbytes = spec.nbytes * cost_model._scale(spec)
-            have = [term_placements(c, owner.terms[0][kj]) for c in configs[j]]
-            want = [term_placements(c, terms[k]) for c in configs[i]]
-            table = np.zeros((len(have), len(want), 2))
-            none = (False,) * mesh.ndim
-            for a, h in enumerate(have):
-                for b, w in enumerate(want):
-                    same = tuple(x == y for x, y in zip(h, w))
-                    table[a, b, 0] = (cost_model.redistribute_s(nbytes, h, w, same, none, mesh)
-                                      + cost_model.redistribute_s(nbytes, w, h, same, none, mesh))
-            out.append((j, i, table))
+            times = [cost_model.redistribute_s(nbytes, replicated, term_placements(c, terms[k]), none, none, mesh)
+                     for c in configs[i]]
+            out[i] = out.get(i, 0.0) + np.array(times)
     return out
 
 

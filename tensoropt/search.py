@@ -378,6 +378,8 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
     for (u, v), table in problem.cost_graph.edge_costs.items():
         if u < n_ops:
             relayout[v] += table[a[u], a[v], 0]
+    for i, times in (problem.tied_s or {}).items():
+        relayout[i] += times[a[i]]
     recomputed_ops: set[int] = set()
     recomputed, kept_inputs = [], 0.0
     for k, (name, unit_ops) in enumerate(problem.units):

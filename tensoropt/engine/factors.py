@@ -68,7 +68,7 @@ def combine(
     f: Factor,
     g: Factor,
     eliminate: int | None = None,
-    delta: float = 0.0,
+    quantum: float = 0.0,
     deadline: float | None = None,
 ) -> Factor:
     """f ⊕ g over the union of their scopes; with ``eliminate``, ∪ over that node's configurations.
@@ -115,7 +115,7 @@ def combine(
         n_rows = int(np.prod(chunk_dims, dtype=np.int64))
         f_t, f_m = (np.broadcast_to(a, full + (wf,)).reshape(n_rows, n_elim, wf) for a in parts[:2])
         g_t, g_m = (np.broadcast_to(a, full + (wg,)).reshape(n_rows, n_elim, wg) for a in parts[2:])
-        pt, pm, ps = sum_prune(f_t, f_m, g_t, g_m, delta)
+        pt, pm, ps = sum_prune(f_t, f_m, g_t, g_m, quantum)
         pieces.append((chunk_dims, pt, pm, ps))
     width = max(p[1].shape[1] for p in pieces)
     t_out = np.concatenate([_pad(p[1], width, np.inf).reshape(p[0] + (width,)) for p in pieces], axis=0 if out_dims else -1)
@@ -130,7 +130,7 @@ _SEG_F, _SEG_G = 16, 8
 PREFILTER_SURVIVORS = True
 
 
-def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
+def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     """Row ``r`` of the result: the pruned union over ``c`` of ``f[r, c] ⊕ g[r, c]``.
 
     ``f_*``: (rows, n_c, wf), ``g_*``: (rows, n_c, wg), frontiers sorted by time, inf-padded.
@@ -147,7 +147,7 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     if n_c * wf * wg < BLOCK_MIN_POINTS or wf < 2 * _SEG_F:
         t = (f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1)
         m = (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1)
-        return prune_rows(t, m, delta)
+        return prune_rows(t, m, quantum)
     stairs = Staircase(*prune_rows(*_supported_points(f_t, f_m, g_t, g_m))[:2])
     bg = min(_SEG_G, wg)
     ft, fm = (_pad_to(a, _SEG_F) for a in (f_t, f_m))
@@ -173,7 +173,7 @@ def sum_prune(f_t, f_m, g_t, g_m, delta: float = 0.0):
     m = np.full((rows, n_blocks, per), np.inf)
     codes = np.full((rows, n_blocks, per), -1, dtype=np.int64)
     t[r, pos], m[r, pos], codes[r, pos] = cand_t, cand_m, code
-    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), delta, prefilter=PREFILTER_SURVIVORS)
+    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), quantum, prefilter=PREFILTER_SURVIVORS)
     src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
     return pt, pm, src
 

@@ -31,10 +31,15 @@ whole graph. Where each step lives:
 5. walk the back-pointers for all frontier points at once (``factors.reconstruct``)
    and check each assignment's recomputed cost against its point (:func:`_verify`).
 
-``epsilon > 0`` prunes every combine to a (1+δ) grid in memory with
-``δ = (1+ε)^(1/D) − 1``, D the longest chain of prunes to the result: every exact
-frontier point is then within a factor (1+ε) in both time and memory of a returned
-point, and every returned point is the exact cost of its returned assignment.
+``epsilon > 0`` prunes every combine to a grid of memory cells of width
+``η = ε · M_lb / D`` (``pareto.prune_rows``), keeping the fastest point of each cell;
+``M_lb`` is a lower bound on any assignment's memory (the sum of every node's and edge's
+least memory) and D the longest chain of prunes to the result. Each prune moves a
+partial sum by less than η in memory and not at all in time, and errors add along a
+path, so every exact frontier point ``q`` has a returned point ``p`` with
+``t_p <= t_q`` and ``m_p <= m_q + ε·M_lb <= (1+ε)·m_q``; every returned point is the
+exact cost of its returned assignment. (The absolute grid is much coarser than a
+relative one for the small partial sums deep in the search.)
 """
 
 from __future__ import annotations
@@ -100,16 +105,16 @@ def solve(
     keep = chain.outer_keep(outer_sizes) if chain else frozenset()
     plan = plan_elimination(scopes, outer_sizes, keep=keep)
     depth = max(plan.depth + (chain.depth_bound(len(keep)) if chain else 0), 1)
-    delta = (1.0 + epsilon) ** (1.0 / depth) - 1.0 if epsilon > 0 else 0.0
+    quantum = epsilon * _memory_lower_bound(g) / depth if epsilon > 0 else 0.0
 
     n_steps = len(plan.steps) + (chain.n_steps if chain else 0)
     show = progress if progress is not None else (n_steps > 2000 and sys.stderr.isatty())
     bar = _progress_bar(n_steps, show)
     try:
-        rest = _run(plan, leaves, delta, deadline, bar)
+        rest = _run(plan, leaves, quantum, deadline, bar)
         if chain is not None:
-            rest = [chain.fold(rest, delta, deadline, bar)]
-        root = _fold_all(rest, delta, deadline)
+            rest = [chain.fold(rest, quantum, deadline, bar)]
+        root = _fold_all(rest, quantum, deadline)
     except SolveTimeout as err:
         raise SolveTimeout(
             f"Frontier search stopped after {time.monotonic() - start:.1f} s (time_limit_s={time_limit_s}) "
@@ -128,12 +133,18 @@ def solve(
         "n_steps": n_steps,
         "max_table": max(plan.max_table, chain.plan.max_table if chain else 0),
         "depth": depth,
-        "delta": delta,
+        "quantum": quantum,
         "configs_before": int(sum(graph.n_configs)),
         "configs_after": int(sum(len(k) for k in kept)),
         "used_blocks": chain is not None,
     }
     return SolveResult(points, assignments, float(epsilon), stats)
+
+
+def _memory_lower_bound(g: CostGraph) -> float:
+    nodes = sum(float(c[:, 1].min()) for c in g.node_costs)
+    edges = sum(float(t[..., 1].min()) for t in g.edge_costs.values())
+    return nodes + edges
 
 
 def _restrict(graph: CostGraph, kept: list[np.ndarray]) -> CostGraph:
@@ -159,7 +170,7 @@ def _leaves(g: CostGraph, layout: ChainLayout | None):
     return leaves, scopes
 
 
-def _run(plan, leaves: list, delta: float, deadline, bar) -> list[Factor]:
+def _run(plan, leaves: list, quantum: float, deadline, bar) -> list[Factor]:
     """Carry out an elimination plan; returns the factors left over (scopes within the kept nodes)."""
     table = list(leaves)
     for step in plan.steps:
@@ -167,31 +178,31 @@ def _run(plan, leaves: list, delta: float, deadline, bar) -> list[Factor]:
         for group in step.groups:
             acc = table[group[0]]
             for i in group[1:]:
-                acc = fx.combine(acc, table[i], delta=delta, deadline=deadline)
+                acc = fx.combine(acc, table[i], quantum=quantum, deadline=deadline)
             merged.append(acc)
         acc = merged[0]
         for f in merged[1:-1]:
-            acc = fx.combine(acc, f, delta=delta, deadline=deadline)
+            acc = fx.combine(acc, f, quantum=quantum, deadline=deadline)
         last = merged[-1] if len(merged) > 1 else _ZERO
-        table.append(fx.combine(acc, last, eliminate=step.node, delta=delta, deadline=deadline))
+        table.append(fx.combine(acc, last, eliminate=step.node, quantum=quantum, deadline=deadline))
         for i in step.factors:
             _release(table[i])
         bar.update(1)
     return [table[i] for i in plan.leftover]
 
 
-def _combine_all(factors: list[Factor], delta, deadline) -> Factor:
+def _combine_all(factors: list[Factor], quantum, deadline) -> Factor:
     acc = factors[0] if factors else _ZERO
     for f in factors[1:]:
-        acc = fx.combine(acc, f, delta=delta, deadline=deadline)
+        acc = fx.combine(acc, f, quantum=quantum, deadline=deadline)
     return acc
 
 
-def _fold_all(factors: list[Factor], delta, deadline) -> Factor:
+def _fold_all(factors: list[Factor], quantum, deadline) -> Factor:
     """Sum the factors and fold out every node they still mention: the root frontier."""
-    acc = _combine_all(factors, delta, deadline)
+    acc = _combine_all(factors, quantum, deadline)
     for v in acc.scope:
-        acc = fx.combine(acc, _ZERO, eliminate=v, delta=delta, deadline=deadline)
+        acc = fx.combine(acc, _ZERO, eliminate=v, quantum=quantum, deadline=deadline)
     return acc
 
 
@@ -257,9 +268,9 @@ class _ChainBuilder:
         """Prunes the chain adds on any path, at most (on top of the outer plan's)."""
         return self.plan.depth + len(self.plan.leftover) + self.n + 2 * n_kept + 4
 
-    def fold(self, rest: list[Factor], delta, deadline, bar) -> Factor:
+    def fold(self, rest: list[Factor], quantum, deadline, bar) -> Factor:
         """The factor over the last exits of everything: ``rest`` (the outer factors) and the chain."""
-        template = _combine_all(_run(self.plan, self.template_leaves, delta, deadline, bar), delta, deadline)
+        template = _combine_all(_run(self.plan, self.template_leaves, quantum, deadline, bar), quantum, deadline)
         template = _permute(_pad_scope(template, self.x0 + self.x1, self.sizes), self.x0 + self.x1)
         r = int(np.prod(self.kx, dtype=np.int64))
         w = template.width
@@ -271,14 +282,14 @@ class _ChainBuilder:
         pre = [f for f in rest if f not in post] + (post if self.carry else [])
         post = [] if self.carry else post
         v0_scope = (self.xl if self.carry else ()) + self.x0
-        v0 = _permute(_pad_scope(_combine_all(pre, delta, deadline), v0_scope, self.sizes), v0_scope)
+        v0 = _permute(_pad_scope(_combine_all(pre, quantum, deadline), v0_scope, self.sizes), v0_scope)
         lead = (r,) if self.carry else ()
         scope = (-3, -1) if self.carry else (-1,)
         shape = lead + (r, v0.width)
         vs = [Factor(scope, v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape), "matrix",
                      depth=v0.depth)]
         for _ in range(self.n):
-            nxt = fx.combine(vs[-1], a, eliminate=-1, delta=delta, deadline=deadline)
+            nxt = fx.combine(vs[-1], a, eliminate=-1, quantum=quantum, deadline=deadline)
             nxt.scope = scope  # (-3, -2) / (-2,): the new exits take the place of the old
             if len(vs) > 1:
                 _release(vs[-1])
@@ -298,7 +309,7 @@ class _ChainBuilder:
 
         chained = Factor(self.xl, t.reshape(kl + (width,)), m.reshape(kl + (width,)), src, "chain",
                          (), None, last.depth, {"reconstruct": unfold})
-        return _combine_all([chained] + post, delta, deadline)
+        return _combine_all([chained] + post, quantum, deadline)
 
     def _unfold(self, ctx, point, assignment, stack) -> None:
         blocks, kx = self.layout.blocks, self.kx
