@@ -127,11 +127,39 @@ def count_collectives(step_fn: Callable[[], Any]) -> dict[str, dict]:
     return mode.summary()
 
 
-def peak_memory(step_fn: Callable[[], Any], *track: Any) -> dict[str, Any]:
+class _NoModTracker:
+    """Stands in for MemTracker's module tracker (``modules=False``): no module hooks, so
+    forwards that end early by an exception (pipeline stages) are measured too; backward is
+    recognised from the autograd engine."""
+
+    parents: set = set()
+
+    def register_user_hooks(self, *a, **k):
+        pass
+
+    def clear_user_hooks(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return None
+
+    def get_known_fqn(self, mod):
+        return None
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+
+def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True) -> dict[str, Any]:
     """Run ``step_fn()`` once; return this rank's peak memory of the step.
 
     ``track``: modules / optimizers whose existing tensors should count (CPU/MemTracker only).
-    Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``.
+    ``modules=False``: MemTracker without its per-module hooks (same totals; needed for
+    pipeline stages). Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``.
     """
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -145,6 +173,8 @@ def peak_memory(step_fn: Callable[[], Any], *track: Any) -> dict[str, Any]:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     mt = MemTracker()
+    if not modules:
+        mt._mod_tracker = _NoModTracker()     # type: ignore[assignment]
     if track:
         mt.track_external(*track)
     with mt:

@@ -158,7 +158,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
-        mem = peak_memory(step, tracked, opt)
+        mem = peak_memory(step, tracked, opt, modules=not plan.stages)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
         if "rc" not in which and "zero" not in which:
@@ -169,7 +169,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         bstep()
         bopt.step()                 # optimizer state exists, as in the plan's measurement
         bopt.zero_grad()
-        bmem = peak_memory(bstep, btracked, bopt)
+        bmem = peak_memory(bstep, btracked, bopt, modules=not plan.stages)
         res["baseline_peak_bytes"] = bmem["peak_bytes"]
         res["baseline_by_category"] = bmem["by_category"]
     return res
