@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             opt.zero_grad(set_to_none=True)
             holder["loss"] = float(loss.detach())
 
-        if step == args.steps - 1 and not plan.stages:     # MemTracker: not for pipeline stages
-            mem = peak_memory(one_step, model, opt)["peak_bytes"]
+        if step == args.steps - 1:
+            mem = peak_memory(one_step, model, opt, modules=not plan.stages)["peak_bytes"]
         else:
             one_step()
             mem = None

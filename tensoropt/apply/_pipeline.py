@@ -26,12 +26,18 @@ Each rank builds only its own stage (:class:`PipelineRunner`):
 
 Parameters of the prefix modules that later stages only evaluate to discard (e.g. a
 position embedding) stay on those ranks without gradients or optimizer state.
+
+Tested (tests/test_apply_beyond.py) with 2 stages (pp2·rep1, pp2·rep2, pp2·tp2 with 2 to 8
+micro-batches, with and without recomputation); plans with middle stages (p > 2, the middle
+stage plan re-targeted to each middle stage's blocks) are laid out the same way but no
+frontier of the test models has them. ZeRO inside stages is not searched by the planner.
+Peak memory of a stage: ``peak_memory(..., modules=False)`` (the first stage ends its forward
+by an exception, which MemTracker's module hooks do not survive).
 """
 
 from __future__ import annotations
 
 import collections
-import math
 from typing import Any
 
 import torch
@@ -119,8 +125,7 @@ class PipelineRunner:
     training. ``model`` is this rank's (partial) model; ``stage_index`` its stage."""
 
     def __init__(self, model: nn.Module, plan: Plan, mesh: DeviceMesh, stage_index: int, stage_module,
-                 schedule, stage_params: dict[str, nn.Parameter], tied: dict[str, Any], pp_group,
-                 last_rank_group) -> None:
+                 schedule, stage_params: dict[str, nn.Parameter], tied: dict[str, Any], pp_group) -> None:
         self.model, self.plan, self.mesh = model, plan, mesh
         self.stage_index = stage_index
         self.n_stages = plan.mesh_shape[0]
@@ -297,7 +302,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
 
     # Parameters used by several stages (tied): sum their gradients over those stages.
     tied: dict[str, Any] = {}
-    users = _param_stages(plan, mb_graph, specs, p, per, model)
+    users = _param_stages(mb_graph, p, per, model)
     groups: dict[tuple[int, ...], Any] = {}
     for name, stages_of in sorted(users.items()):
         if len(stages_of) < 2:
@@ -335,7 +340,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
                                                    f"cuda:{torch.cuda.current_device()}"),
                           input_args=in_args, output_args=out_args, group=pp_group)
     schedule = Schedule1F1B(stage, m, loss_fn=_loss_is_output, scale_grads=True)
-    runner = PipelineRunner(model, plan, mesh, s, root, schedule, stage_params, tied, pp_group, None)
+    runner = PipelineRunner(model, plan, mesh, s, root, schedule, stage_params, tied, pp_group)
     model._tensoropt_pipeline = runner        # type: ignore[attr-defined]
     return runner
 
@@ -382,14 +387,13 @@ def _shift_blocks(lay, shift: int):
     return lay
 
 
-def _param_stages(plan: Plan, mb_graph, specs, p: int, per: int, model: nn.Module) -> dict[str, set[int]]:
+def _param_stages(mb_graph, p: int, per: int, model: nn.Module) -> dict[str, set[int]]:
     """Stage indices that use each parameter (by its first name)."""
     first = {}
     for n, prm in model.named_parameters(remove_duplicate=False):
         first.setdefault(id(prm), n)
     by_name = {n: first[id(prm)] for n, prm in model.named_parameters(remove_duplicate=False)}
     out: dict[str, set[int]] = {}
-    n_ops = len(mb_graph.operators)
     blocks = mb_graph.blocks
     pre_end, post_start = min(blocks[0]), max(blocks[-1]) + 1
     for i, op in enumerate(mb_graph.operators):
@@ -402,5 +406,4 @@ def _param_stages(plan: Plan, mb_graph, specs, p: int, per: int, model: nn.Modul
         for n in op.param_names:
             if n is not None:
                 out.setdefault(by_name.get(n, n), set()).add(st)
-    del n_ops
     return out
