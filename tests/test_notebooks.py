@@ -58,7 +58,8 @@ def _images(nb) -> int:
 
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_vision_tradeoffs.ipynb", "03_language_tradeoffs.ipynb"} <= names
+    assert {"01_quickstart.ipynb", "02_vision_tradeoffs.ipynb", "03_language_tradeoffs.ipynb",
+            "04_budget_to_training.ipynb"} <= names
 
 
 def test_notebooks_match_their_generator():
@@ -110,5 +111,11 @@ def test_notebook_executes(path, tmp_path):
     elif path.name.startswith("03_"):
         facts = _check_line(nb, "language")
         assert float(facts["dp_bytes"]) > float(facts["budget_bytes"]) >= float(facts["plan_bytes"])
+    elif path.name.startswith("04_"):
+        facts = _check_line(nb, "training")
+        assert float(facts["plan_bytes"]) <= float(facts["budget_bytes"])
+        # the plan really trained: the loss went down, and its memory was in the predicted range
+        assert float(facts["loss_last"]) < float(facts["loss_first"])
+        assert 0.5 * float(facts["plan_bytes"]) <= float(facts["measured_bytes"]) <= 2 * float(facts["plan_bytes"])
     else:
         assert "CHECK" in text, "a notebook should end with a CHECK line of its key facts"

@@ -6,11 +6,14 @@
   fitted on measured runs, :class:`StepCalibration`;
 * :mod:`.report` -- accuracy statistics (median absolute error, Spearman) and plots.
 
+* :mod:`.run` -- :func:`measure_plans`: run plans for real and measure them (public).
+
 Driver: ``scripts/validate.py``.
 """
 
 from .fit import TERMS, StepCalibration, calibrated_frontier, fit_calibration, step_features
+from .run import measure_plans
 from .report import max_abs_rel_error, median_abs_rel_error, rel_errors, spearman
 
-__all__ = ["TERMS", "StepCalibration", "calibrated_frontier", "fit_calibration", "step_features", "median_abs_rel_error",
+__all__ = ["measure_plans", "TERMS", "StepCalibration", "calibrated_frontier", "fit_calibration", "step_features", "median_abs_rel_error",
            "max_abs_rel_error", "rel_errors", "spearman"]
