@@ -107,15 +107,26 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
         # A tied parameter lives in its first user's layout; a later user needing another
         # layout re-lays it out like an edge (the cost model charges nothing for it).
         owner: dict[str, tuple[str, ...]] = {}
+        owner_cfg: dict[str, tuple[OpConfig, str]] = {}
         for op, cfg in zip(graph.operators, cfgs):
             for t, spec, pname in zip(op.terms[0], op.operands, op.param_names):
                 if pname is None:
                     continue
                 if pname not in owner:
                     owner[pname] = term_placements(cfg, t)
+                    owner_cfg[pname] = (cfg, t)
                     continue
                 if owner[pname] == term_placements(cfg, t):
-                    continue          # same layout: its gradient joins the parameter's own reduction
+                    # same layout: its gradient joins the parameter's own reduction, except on
+                    # axes where only this user leaves it partial
+                    ocfg, ot = owner_cfg[pname]
+                    local = spec.numel / cfg.shards(t, shape)
+                    for a, s_ in enumerate(cfg.splits):
+                        o_ = ocfg.splits[a]
+                        if s_ is not None and s_ not in t and shape[a] > 1 and (o_ is None or o_ in ot):
+                            out.append(Collective("all_reduce", a, bg * local, "backward",
+                                                  f"grad of tied {pname} from {op.name}", False))
+                    continue
                 dim_map = tuple(range(len(t)))
                 out += _relayout(owner[pname], cfg, t, spec.nbytes * _scale(spec, training), dim_map, shape,
                                  f"tied parameter {pname} for {op.name}", False)

@@ -129,7 +129,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:
     """A later user of a tied parameter (lm_head using tok_emb.weight) works on the first
     user's copy. Its layout moves are priced as if that copy were replicated: slicing is
-    free forward, and the gradient of a sharded use is gathered back. (An edge to the first
+    free forward, the gradient of a sharded use is gathered back, and a gradient left partial
+    by this user's own splits is all-reduced. (An edge to the first
     user would price it exactly, but that edge spans every block in between and breaks the
     chain the engine composes: a tenfold slower search on GPT-2.)"""
     from .strategy import term_placements
@@ -148,8 +149,15 @@ def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostM
                 continue
             spec = op.operands[k]
             nbytes = spec.nbytes * cost_model._scale(spec)
-            times = [cost_model.redistribute_s(nbytes, replicated, term_placements(c, terms[k]), none, none, mesh)
-                     for c in configs[i]]
+            _, bg, _ = cost_model.training.state_bytes_per_param
+            times = []
+            for c in configs[i]:
+                t = cost_model.redistribute_s(nbytes, replicated, term_placements(c, terms[k]), none, none, mesh)
+                # its gradient is partial where this user splits another label
+                grad = bg * spec.numel / c.shards(terms[k], mesh.shape)
+                t += sum(cost_model.collectives.time_s("all_reduce", grad, mesh, a)
+                         for a, s_ in enumerate(c.splits) if s_ is not None and s_ not in terms[k])
+                times.append(t)
             out[i] = out.get(i, 0.0) + np.array(times)
     return out
 
