@@ -107,25 +107,24 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
         # A tied parameter lives in its first user's layout; a later user needing another
         # layout re-lays it out like an edge (the cost model charges nothing for it).
         owner: dict[str, tuple[str, ...]] = {}
-        owner_cfg: dict[str, tuple[OpConfig, str]] = {}
         for op, cfg in zip(graph.operators, cfgs):
             for t, spec, pname in zip(op.terms[0], op.operands, op.param_names):
                 if pname is None:
                     continue
                 if pname not in owner:
                     owner[pname] = term_placements(cfg, t)
-                    owner_cfg[pname] = (cfg, t)
                     continue
                 if owner[pname] == term_placements(cfg, t):
-                    # same layout: its gradient joins the parameter's own reduction, except on
-                    # axes where only this user leaves it partial
-                    ocfg, ot = owner_cfg[pname]
+                    # same layout: the operator-level layout reduces this use's gradient on
+                    # its own where the user leaves it partial (the planner prices that at the
+                    # later user); FSDP2 ("replicate" mode) sums the uses before one reduction
+                    if apply_mode == "replicate":
+                        continue
                     local = spec.numel / cfg.shards(t, shape)
                     for a, s_ in enumerate(cfg.splits):
-                        o_ = ocfg.splits[a]
-                        if s_ is not None and s_ not in t and shape[a] > 1 and (o_ is None or o_ in ot):
+                        if s_ is not None and s_ not in t and shape[a] > 1:
                             out.append(Collective("all_reduce", a, bg * local, "backward",
-                                                  f"grad of tied {pname} from {op.name}", False))
+                                                  f"grad of tied {pname} from {op.name}", True))
                     continue
                 dim_map = tuple(range(len(t)))
                 out += _relayout(owner[pname], cfg, t, spec.nbytes * _scale(spec, training), dim_map, shape,

