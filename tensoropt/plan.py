@@ -6,6 +6,7 @@ Plain data, JSON round trip exact (floats are written with ``repr`` precision).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 from .units import format_bytes, format_time
@@ -62,10 +63,7 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        n = 1
-        for s in self.mesh_shape:
-            n *= s
-        return n
+        return math.prod(self.mesh_shape)
 
     def op(self, name: str) -> OpChoice:
         for o in self.ops:
