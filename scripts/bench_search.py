@@ -56,10 +56,15 @@ def point(plan) -> dict:
             "summary": plan.summary, "degrees": degrees(plan)}
 
 
-def run_case(model: str, devices: str, settings: dict, time_limit_s: float) -> dict:
+def run_case(model: str, devices: str, settings: dict, time_limit_s: float, baseline: bool = True) -> dict:
     t0 = time.monotonic()
     full = tensoropt.frontier(model, devices, progress=False, time_limit_s=time_limit_s, **settings)
     full_s = time.monotonic() - t0
+    if not baseline:
+        return {"model": model, "devices": devices, "settings": settings, "search_s": full_s,
+                "frontier_size": len(full), "meshes": full.stats["meshes"], "min_time": point(full.min_time()),
+                "min_memory": point(full.min_memory()),
+                "reference": {name: point(p) for name, p in full.reference.items()}}
     t0 = time.monotonic()
     ops_only = tensoropt.frontier(model, devices, progress=False, time_limit_s=time_limit_s, zero=False,
                                   recompute=False, pipeline=False, references=False, **settings)
@@ -83,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one tiny case (for a smoke run)")
     ap.add_argument("--only", default=None, help="comma-separated model names")
     ap.add_argument("--time-limit", type=float, default=1800.0, help="per search, seconds")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the operator-sharding-only search")
     args = ap.parse_args(argv)
     cases = QUICK if args.quick else CASES
     if args.only:
@@ -94,7 +100,7 @@ def main(argv=None) -> int:
     for model, devices, settings in cases:
         print(f"{model} on {devices} {settings} ...", flush=True)
         try:
-            r = run_case(model, devices, settings, args.time_limit)
+            r = run_case(model, devices, settings, args.time_limit, baseline=not args.no_baseline)
         except Exception as err:                      # recorded, not hidden
             r = {"model": model, "devices": devices, "settings": settings, "error": f"{type(err).__name__}: {err}"}
         print(json.dumps(r, indent=1)[:2000], flush=True)
