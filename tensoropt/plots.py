@@ -189,6 +189,14 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     colour = line.get_color()
     ax.plot(times * scale, mems * mscale, "o", color=colour, markersize=3 if len(plans) > 50 else 5, zorder=4,
             gid="frontier-points")
+    # which plans reach their point with more than per-operator sharding
+    for what, uses, mk, c in (("pipeline stages", lambda p: bool(p.stages), "^", "tab:red"),
+                              ("activation recomputation", lambda p: bool(p.recompute), "s", "tab:green"),
+                              ("ZeRO-2/3", lambda p: p.zero_stage >= 2, "D", "tab:purple")):
+        sel = np.array([uses(p) for p in plans])
+        if sel.any():
+            ax.scatter(times[sel] * scale, mems[sel] * mscale, marker=mk, s=28, facecolors="none", edgecolors=c,
+                       linewidths=0.9, zorder=4, label=f"uses {what} ({int(sel.sum())})", gid=f"uses-{what}")
     # the region no plan reaches: below-left of the staircase
     far_t, far_m = times.max() * scale * 10, mems.max() * mscale * 10
     xs = np.concatenate([[0], times * scale, [far_t]])
