@@ -371,7 +371,26 @@ def _verify(graph: CostGraph, points: np.ndarray, assignments: np.ndarray) -> No
         raise AssertionError(f"frontier point {points[bad]} does not match its assignment's cost {totals[bad]}")
 
 
-def _progress_bar(total: int, show: bool):
-    from tqdm.auto import tqdm
+class _Steps:
+    """Counts folding steps (for the time-limit message) and drives a tqdm bar when shown."""
 
-    return tqdm(total=total, disable=not show, desc="frontier search", unit="step", leave=False)
+    def __init__(self, total: int, show: bool):
+        self.n = 0
+        self._bar = None
+        if show:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc="frontier search", unit="step", leave=False)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if self._bar is not None:
+            self._bar.update(k)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _progress_bar(total: int, show: bool) -> _Steps:
+    return _Steps(total, show)
