@@ -33,7 +33,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err  # noqa: E402
+from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, single_process_reference  # noqa: E402
 
 from tensoropt.apply import (PlanNotApplicable, full_grads, parallelize, peak_memory,  # noqa: E402
                              plan_layout)
@@ -120,18 +120,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
            "zero_stage": plan.zero_stage, "recompute": list(plan.recompute), "stages": len(plan.stages),
            "microbatches": plan.microbatches, "predicted_memory_bytes": plan.memory_bytes}
 
-    ref = make_model(key)
-    loss_ref = ref(*inputs)
-    loss_ref.backward()
-    g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
-    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
-    opt_ref.step()
-    opt_ref.zero_grad()
-    for _ in range(2):
-        ref(*inputs).backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-    loss3_ref = float(ref(*inputs).detach())
+    loss_ref, g_ref, loss3_ref = single_process_reference(key, inputs)
 
     step, params, grads_fn, tracked, _ = build(key, plan, graph)
     res["mode"] = _mode(plan, key, graph)

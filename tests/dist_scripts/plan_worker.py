@@ -53,6 +53,23 @@ def make_model(key: str, device: str = "cpu") -> torch.nn.Module:
     return get_model(name, device=device, **ov)
 
 
+def single_process_reference(key: str, inputs: tuple):
+    """Single-process training of the same model and data: (first loss, first gradients,
+    loss after 3 Adam steps)."""
+    ref = make_model(key)
+    loss_ref = ref(*inputs)
+    loss_ref.backward()
+    g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
+    opt_ref.step()
+    opt_ref.zero_grad()
+    for _ in range(2):
+        ref(*inputs).backward()
+        opt_ref.step()
+        opt_ref.zero_grad()
+    return loss_ref, g_ref, float(ref(*inputs).detach())
+
+
 def make_inputs(key: str, device: str = "cpu") -> tuple:
     from tensoropt.models import example_inputs
     name, ov, batch = MODELS[key]
@@ -112,18 +129,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     plan = pick_plan(f, which, world)
     inputs = make_inputs(key)
 
-    ref = make_model(key)
-    loss_ref = ref(*inputs)
-    loss_ref.backward()
-    g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
-    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
-    opt_ref.step()
-    opt_ref.zero_grad()
-    for _ in range(2):
-        ref(*inputs).backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-    loss3_ref = float(ref(*inputs).detach())
+    loss_ref, g_ref, loss3_ref = single_process_reference(key, inputs)
 
     model = make_model(key)
     parallelize(model, plan, graph=graph)
