@@ -141,11 +141,6 @@ def compose_stages(fronts: list[np.ndarray], scale: float, p2p_s: float) -> tupl
     return pts[keep], np.array([picks[k] for k in keep])
 
 
-def solve_stage(problem, epsilon: float, time_limit_s):
-    res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False)
-    return res
-
-
 def meshes_for(sub: Cluster, max_dims: int) -> list[Mesh]:
     from .search import distinct_meshes
 
