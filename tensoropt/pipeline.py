@@ -21,6 +21,8 @@ last are planned with stage 1's in-flight count (p − 1), an upper bound for la
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,7 +31,8 @@ from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph
 
-__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec"]
+__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec",
+           "pipeline_plans", "pipeline_candidates", "Candidate"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
@@ -141,35 +144,44 @@ def compose_stages(fronts: list[np.ndarray], scale: float, p2p_s: float) -> tupl
     return pts[keep], np.array([picks[k] for k in keep])
 
 
-def meshes_for(sub: Cluster, max_dims: int) -> list[Mesh]:
-    from .search import distinct_meshes
+def pipeline_plans(*args, **kw) -> list:
+    """The frontier plans of one (stage count, micro-batch count) choice (see
+    :func:`pipeline_candidates`)."""
+    return [c.build() for c in pipeline_candidates(*args, **kw)]
 
-    return distinct_meshes(sub, max_dims)
+
+@dataclass(frozen=True)
+class Candidate:
+    """A composite pipeline point, priced; its :class:`~tensoropt.plan.Plan` is built on demand
+    (a search keeps only the points that survive the global frontier)."""
+    time_s: float
+    memory_bytes: float
+    build: Callable[[], Any]
 
 
-def pipeline_plans(mb_graph: OpGraph, cluster: Cluster, stages: int, microbatches: int, cost_for, training,
-                   signature: str, devices: str, epsilon: float, max_mesh_dims: int, recompute: bool,
-                   time_limit_s=None) -> list:
-    """The frontier plans of one (stage count, micro-batch count) choice; ``mb_graph`` is the
+def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microbatches: int, cost_for, training,
+                        signature: str, devices: str, epsilon: float, space, recompute: bool,
+                        time_limit_s=None) -> list[Candidate]:
+    """The frontier points of one (stage count, micro-batch count) choice; ``mb_graph`` is the
     model captured at the micro-batch size."""
     from .collectives import send_recv_s
-    from .plan import Plan
     from .planner import build_problem
-    from .search import _Context, plan_from_assignment
 
     check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
     sub, link = stage_cluster(cluster, stages)
     specs = split_stages(mb_graph, stages)
     scale = microbatches + stages - 1
     out = []
-    for mesh in meshes_for(sub, max_mesh_dims):
+    for mesh in space.meshes(sub):
         cm = cost_for(mesh)
         fronts, solved = [], []
         for spec in specs:
             g, _ = sub_graph(mb_graph, spec.ops)
             problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
-                                    activation_factor=spec.in_flight, comm_factor=1.0 / scale)
-            res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False)
+                                    activation_factor=spec.in_flight, comm_factor=1.0 / scale,
+                                    batch_only_axes=space.batch_only_axes(mesh, sub))
+            res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False,
+                        block_groups=space.block_groups)
             fronts.append(res.points)
             solved.append((g, problem, res))
         # activations cross each boundary forward and their gradients backward, each device
@@ -178,22 +190,31 @@ def pipeline_plans(mb_graph: OpGraph, cluster: Cluster, stages: int, microbatche
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
         points, picks = compose_stages(fronts, scale, p2p)
         for (t, m), pick in zip(points, picks):
-            stage_plans = []
-            for spec, (g, problem, res), k in zip(specs, solved, pick):
-                ctx = _Context(g, sub, cm, signature, epsilon, devices)
-                stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k],
-                                                        label=f"stage {spec.index}"))
-            slowest = max(sp.time_s for sp in stage_plans)
-            peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
-            breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
-                         **{k: v for k, v in peak.breakdown.items() if k.endswith("_bytes")}}
-            summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
-            if any(sp.recompute for sp in stage_plans):
-                summary += " rc"
-            out.append(Plan(mb_graph.name, devices, (stages, *mesh.shape), (link.name, *(l.name for l in mesh.links)),
-                            float(t), float(m), summary, tuple(o for sp in stage_plans for o in sp.ops), breakdown,
-                            {"precision": training.precision, "optimizer": training.optimizer,
-                             "batch_size": mb_graph.batch_size * microbatches},
-                            signature, "", epsilon, 0, tuple(r for sp in stage_plans for r in sp.recompute),
-                            tuple(stage_plans), microbatches))
+            build = partial(_build_plan, mb_graph, sub, link, mesh, cm, specs, solved, tuple(pick), float(t),
+                            float(m), p2p, stages, microbatches, training, signature, devices, epsilon)
+            out.append(Candidate(float(t), float(m), build))
     return out
+
+
+def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, stages, microbatches, training,
+                signature, devices, epsilon):
+    from .plan import Plan
+    from .search import _Context, plan_from_assignment
+
+    stage_plans = []
+    for spec, (g, problem, res), k in zip(specs, solved, pick):
+        ctx = _Context(g, sub, cm, signature, epsilon, devices)
+        stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}"))
+    slowest = max(sp.time_s for sp in stage_plans)
+    peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
+    breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
+                 **{k: v for k, v in peak.breakdown.items() if k.endswith("_bytes")}}
+    summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
+    if any(sp.recompute for sp in stage_plans):
+        summary += " rc"
+    return Plan(mb_graph.name, devices, (stages, *mesh.shape), (link.name, *(l.name for l in mesh.links)),
+                t, m, summary, tuple(o for sp in stage_plans for o in sp.ops), breakdown,
+                {"precision": training.precision, "optimizer": training.optimizer,
+                 "batch_size": mb_graph.batch_size * microbatches},
+                signature, "", epsilon, 0, tuple(r for sp in stage_plans for r in sp.recompute),
+                tuple(stage_plans), microbatches)

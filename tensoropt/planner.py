@@ -73,17 +73,20 @@ def _signature(op: Operator, owns: bool) -> tuple:
 
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
-                  recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0) -> MeshProblem:
+                  recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0,
+                  batch_only_axes: tuple[int, ...] = ()) -> MeshProblem:
     """``activation_factor`` multiplies saved activations (micro-batches in flight in a
     pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
-    iteration, where the rest of a stage's cost is per micro-batch)."""
+    iteration, where the rest of a stage's cost is per micro-batch). ``batch_only_axes``:
+    mesh axes on which operators may only split the batch or replicate (data parallel)."""
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     cache: dict[tuple, tuple[tuple[OpConfig, ...], tuple[NodeCost, ...]]] = {}
     configs, costs = [], []
     for op, o, sig in zip(graph.operators, own, sigs):
         if sig not in cache:
-            cfgs = tuple(enumerate_configs(op, mesh))
+            cfgs = tuple(c for c in enumerate_configs(op, mesh)
+                         if all(c.splits[a] in (None, "b") for a in batch_only_axes))
             cache[sig] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage)
                                       for c in cfgs))
         configs.append(cache[sig][0])

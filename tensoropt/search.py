@@ -21,6 +21,7 @@ from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
 from .planner import MeshProblem, build_problem
+from .space import SearchSpace
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
 from .units import format_bytes, parse_bytes
@@ -154,6 +155,7 @@ def frontier(
     calibration: str | None = None,
     epsilon: float = 0.0,
     max_mesh_dims: int = 3,
+    coarse: bool | None = None,
     zero: bool = True,
     recompute: bool = True,
     pipeline: bool = True,
@@ -176,6 +178,9 @@ def frontier(
     ones; plans pruned during the search are not revisited, so this is an approximation
     (``breakdown["model_time_s"]`` keeps each plan's uncalibrated time).
     ``epsilon > 0``: a (1+ε)-approximate frontier (see ``engine.solve``).
+    ``coarse``: search the coarse plan space of ``tensoropt.space`` (only the outermost mesh
+    axis crosses nodes and it splits only the batch; repeated blocks tied in 8 groups);
+    None turns it on above 64 devices. ``stats["search_space"]`` says which space was searched.
     ``zero``: also search ZeRO stages 2 and 3 on the data-parallel axes (stage 1 moves the same
     bytes as stage 2 and keeps more, so it never reaches the frontier in this cost model).
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
@@ -189,14 +194,14 @@ def frontier(
         per_count = {}
         for n in device_counts(n_max):
             per_count[n] = _search(graph, module, recapture if pipeline else None, f"{n}x{device}", precision,
-                                   optimizer, profile, epsilon, max_mesh_dims, zero, recompute, time_limit_s,
+                                   optimizer, profile, epsilon, max_mesh_dims, coarse, zero, recompute, time_limit_s,
                                    progress, references, start)
         if calibration is not None:
             per_count = {n: _calibrate(f, calibration, graph) for n, f in per_count.items()}
         return ScalingFrontier.merge(graph.name, device, per_count)
     graph, module, recapture = _capture(model, inputs, batch_size)
     f = _search(graph, module, recapture if pipeline else None, devices, precision, optimizer, profile,
-                epsilon, max_mesh_dims, zero, recompute, time_limit_s, progress, references, start)
+                epsilon, max_mesh_dims, coarse, zero, recompute, time_limit_s, progress, references, start)
     return f if calibration is None else _calibrate(f, calibration, graph)
 
 
@@ -219,13 +224,14 @@ def _calibrate(f: Frontier, path: str, graph: OpGraph) -> Frontier:
     return Frontier(f.model, f.devices, plans, refs, f.device_memory_bytes, {**f.stats, "calibration": path})
 
 
-def _search(graph, module, recapture, devices, precision, optimizer, profile, epsilon, max_mesh_dims, zero,
-            recompute, time_limit_s, progress, references, start) -> Frontier:
+def _search(graph, module, recapture, devices, precision, optimizer, profile, epsilon, max_mesh_dims, coarse,
+            zero, recompute, time_limit_s, progress, references, start) -> Frontier:
     cluster = parse_devices(devices)
+    space = SearchSpace.for_cluster(cluster, max_mesh_dims, coarse)
     if precision is None:
         precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
     cost_for = _cost_models(cluster, TrainingConfig(precision, optimizer), profile)
-    meshes = distinct_meshes(cluster, max_mesh_dims)
+    meshes = space.meshes(cluster)
     signature = _param_signature(module)
     plans: list[Plan] = []
     problems: list[MeshProblem] = []
@@ -240,37 +246,40 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
     for mesh, z in (bar if bar is not None else cases):
         if bar is not None:
             bar.set_postfix_str(f"{mesh} zero {z}")
-        problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=recompute)
+        problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=recompute,
+                                batch_only_axes=space.batch_only_axes(mesh, cluster))
         remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
-        result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress)
+        result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress,
+                       block_groups=space.block_groups)
         problems.append(problem)
         for i, (pt, a) in enumerate(zip(result.points, result.assignments)):
             points.append(pt)
             owners_.append((len(problems) - 1, a))
     label = devices if isinstance(devices, str) else str(cluster)
-    ready: list[Plan] = []
+    ready = []
     if recapture is not None and graph.blocks and cluster.world_size > 1:
-        from .pipeline import microbatch_counts, pipeline_plans, stage_counts
+        from .pipeline import microbatch_counts, pipeline_candidates, stage_counts
 
         for p in stage_counts(len(graph.blocks), cluster.world_size):
             for m in microbatch_counts(graph.batch_size, p):
                 remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
-                ready += pipeline_plans(recapture(graph.batch_size // m), cluster, p, m, cost_for,
+                ready += pipeline_candidates(recapture(graph.batch_size // m), cluster, p, m, cost_for,
                                         TrainingConfig(precision, optimizer), signature, label, epsilon,
-                                        max_mesh_dims, recompute, remaining)
-    pts = np.array(points + [(p.time_s, p.memory_bytes) for p in ready])
+                                        space, recompute, remaining)
+    pts = np.array(points + [(c.time_s, c.memory_bytes) for c in ready])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]
     ctx = _Context(graph, cluster, cost_for(meshes[0]), signature, epsilon, label)
     for s in keep:
         if s >= len(points):
-            plans.append(ready[s - len(points)])
+            plans.append(ready[s - len(points)].build())
             continue
         m, a = owners_[s]
         plans.append(plan_from_assignment(ctx, problems[m], a))
     refs = _reference_plans(ctx, problems) if references else {}
     stats = {"search_s": time.monotonic() - start, "meshes": sorted({str(p.mesh) for p in problems}),
              "operators": len(graph.operators), "candidates": len(points),
+             "search_space": space.describe(),
              "unsupported_ops": list(graph.unsupported)}
     return Frontier(graph.name, ctx.devices, plans, refs, float(cluster.device.memory_bytes), stats)
 
@@ -295,7 +304,7 @@ def _capture(model, inputs, batch_size):
             inputs = example_inputs(name, batch_size)
         module = get_model(name)
         graph = capture(module, tuple(inputs), name=name)
-        return graph, module, lambda b: capture(module, tuple(example_inputs(name, b)), name=name)
+        return graph, module, _Recapture(graph, lambda b: capture(module, tuple(example_inputs(name, b)), name=name))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
     if inputs is None:
@@ -305,7 +314,31 @@ def _capture(model, inputs, batch_size):
         raise ValueError("batch_size applies to zoo model names; for a module, size the example inputs")
     inputs = tuple(inputs)
     graph = capture(model, inputs)
-    return graph, model, lambda b: capture(model, _rebatch(inputs, graph.batch_size, b))
+    return graph, model, _Recapture(graph, lambda b: capture(model, _rebatch(inputs, graph.batch_size, b)))
+
+
+class _Recapture:
+    """``self(b)``: the model's graph at batch ``b``; after one capture at another batch the
+    rest come from ``capture.rebatch`` when the two captures allow it."""
+
+    def __init__(self, graph: OpGraph, capture_at):
+        self.graphs = {graph.batch_size: graph}
+        self.capture_at = capture_at
+        self.at = None
+        self.tried = False
+
+    def __call__(self, b: int) -> OpGraph:
+        if b not in self.graphs:
+            g = self.at(b) if self.at is not None else None
+            if g is None:
+                g = self.capture_at(b)
+                if not self.tried:
+                    from .capture.rebatch import interpolator
+
+                    self.tried = True
+                    self.at = interpolator(next(iter(self.graphs.values())), g)
+            self.graphs[b] = g
+        return self.graphs[b]
 
 
 def _rebatch(inputs: tuple, batch: int, b: int) -> tuple:

@@ -181,12 +181,13 @@ def test_stage_composition_equals_brute_force():
 def test_pipeline_plans_follow_the_1f1b_formulas():
     from tensoropt.search import _capture, _cost_models
     from tensoropt.plan import Plan
+    from tensoropt.space import SearchSpace
 
     g, _, recapture = _capture("gpt-tiny", None, None)
     cluster = parse_devices("4xA100-80GB")
     training = TrainingConfig("bf16-mixed")
     plans = pipeline_plans(recapture(2), cluster, 2, 4, _cost_models(cluster, training, None), training,
-                           "sig", "4xA100-80GB", 0.0, 1, True)
+                           "sig", "4xA100-80GB", 0.0, SearchSpace(max_mesh_dims=1), True)
     assert plans and all(p.mesh_shape[0] == 2 and p.microbatches == 4 and len(p.stages) == 2 for p in plans)
     for p in plans:
         slowest = max(s.time_s for s in p.stages)

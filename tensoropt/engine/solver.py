@@ -56,6 +56,7 @@ from .costgraph import CostGraph
 from .dominance import dominated_free_configs
 from .elimination import plan_elimination
 from .factors import Factor, SolveTimeout
+from .tying import tie_blocks
 
 __all__ = ["solve", "SolveResult", "SolveTimeout"]
 
@@ -81,8 +82,13 @@ def solve(
     progress: bool | None = None,
     use_blocks: bool = True,
     drop_dominated: bool = True,
+    block_groups: int | None = None,
 ) -> SolveResult:
     """The Pareto frontier of ``graph``: exact for ``epsilon=0``, else (1+ε)-approximate.
+
+    ``block_groups``: tie the repeated blocks into at most this many groups of consecutive
+    blocks that share one assignment (``tying.py``): a faster search over a restricted
+    set, exact over that set (``epsilon=0``); None searches every assignment.
 
     ``time_limit_s`` raises :class:`SolveTimeout` when exceeded (nothing partial is returned).
     ``progress``: a tqdm bar over the folding steps; None shows it on large graphs at a terminal.
@@ -92,6 +98,16 @@ def solve(
     if time_limit_s is not None and not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be positive, got {time_limit_s!r}")
     start = time.monotonic()
+    if block_groups is not None:
+        tied = tie_blocks(graph, block_groups)
+        if tied is not None:
+            res = solve(tied.graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=progress,
+                        use_blocks=use_blocks, drop_dominated=drop_dominated)
+            assignments = tied.expand(res.assignments)
+            _verify(graph, res.points, assignments)
+            stats = {**res.stats, "seconds": time.monotonic() - start, "block_groups": tied.groups,
+                     "block_group_size": tied.group_size}
+            return SolveResult(res.points, assignments, res.epsilon, stats)
     deadline = None if time_limit_s is None else start + time_limit_s
 
     kept = dominated_free_configs(graph) if drop_dominated else [np.arange(k) for k in graph.n_configs]

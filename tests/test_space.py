@@ -1,0 +1,64 @@
+"""The coarse search space for large clusters, and graphs at other batch sizes without export."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import tensoropt
+from tensoropt.capture.rebatch import interpolator
+from tensoropt.mesh import parse_devices
+from tensoropt.search import _capture
+from tensoropt.space import COARSE_ABOVE, SearchSpace
+
+
+def test_coarse_is_automatic_above_the_threshold():
+    assert not SearchSpace.for_cluster(parse_devices("8x8xA100-80GB")).coarse       # 64 devices
+    assert SearchSpace.for_cluster(parse_devices("16x8xA100-80GB")).coarse
+    assert not SearchSpace.for_cluster(parse_devices("16x8xA100-80GB"), coarse=False).coarse
+    assert COARSE_ABOVE == 64
+
+
+def test_coarse_meshes_cross_nodes_only_on_the_first_axis():
+    cluster = parse_devices("16x8xA100-80GB")
+    full, coarse = SearchSpace(2, False), SearchSpace(2, True)
+    kept = coarse.meshes(cluster)
+    assert {str(m) for m in kept} < {str(m) for m in full.meshes(cluster)}
+    for m in kept:
+        assert all(cluster.per_node % math.prod(m.shape[a:]) == 0 for a in range(1, m.ndim))
+        assert coarse.batch_only_axes(m, cluster) == ((0,) if m.size > 1 else ())
+        assert full.batch_only_axes(m, cluster) == ()
+    one_node = parse_devices("8xA100-80GB")   # nothing crosses a node
+    assert all(coarse.batch_only_axes(m, one_node) == () for m in coarse.meshes(one_node))
+
+
+def test_coarse_frontier_splits_only_the_batch_across_nodes():
+    f = tensoropt.frontier("gpt-tiny", "16x8xA100-80GB", max_mesh_dims=2, pipeline=False, progress=False)
+    assert f.stats["search_space"] == {"max_mesh_dims": 2, "coarse": True, "block_groups": 8}
+    for plan in f.plans:
+        for op in plan.ops:
+            assert op.config.split(",")[0] in ("-", "b"), (plan.summary, op.name, op.config)
+    full = tensoropt.frontier("gpt-tiny", "16x8xA100-80GB", max_mesh_dims=2, pipeline=False, coarse=False,
+                              progress=False, references=False)
+    # the full space contains the coarse one: its frontier is at least as good everywhere
+    assert tensoropt.engine.covers(
+        list(zip(full.times_s, full.memories_bytes)), list(zip(f.times_s, f.memories_bytes)), 1e-12)
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "cnn-tiny", "bert-tiny"])
+def test_graph_at_another_batch_equals_a_fresh_capture(name):
+    graph, _, recapture = _capture(name, None, None)
+    b = graph.batch_size
+    half = recapture(b // 2)                 # a real capture: it fits the interpolation
+    assert recapture.at is not None
+    quarter = recapture(b // 4)              # interpolated
+    assert quarter == recapture.capture_at(b // 4)
+    assert half.batch_size == b // 2 and quarter.batch_size == b // 4
+
+
+def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
+    tiny, _, _ = _capture("gpt-tiny", None, None)
+    llama, _, _ = _capture("llama-tiny", None, None)
+    assert interpolator(tiny, llama) is None
+    assert interpolator(tiny, tiny) is None           # one batch size fixes nothing
