@@ -29,7 +29,7 @@ CASES = [
     ("llama3-8b", "8xH100", dict(max_mesh_dims=2, epsilon=0.01)),
     ("resnet50", "8xA100-80GB", dict(max_mesh_dims=2, epsilon=0.01)),
     ("vgg16", "8xA100-80GB", dict(max_mesh_dims=2, epsilon=0.01)),
-    ("gpt3-175b", "128x8xA100-80GB", dict(max_mesh_dims=2, epsilon=0.01)),
+    ("gpt3-175b", "128x8xA100-80GB", dict(max_mesh_dims=2, epsilon=0.01)),        # coarse space (auto)
 ]
 QUICK = [("gpt-tiny", "4xA100-80GB", dict(max_mesh_dims=2))]
 

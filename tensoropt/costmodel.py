@@ -102,6 +102,9 @@ class NodeCost:
     grad_bytes: float
     optimizer_bytes: float
     activation_bytes: float
+    # Held only while this operator runs backward: the gradients of its output and of its
+    # largest activation input, and under ZeRO-3 its gathered parameters and their gradient.
+    transient_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -162,7 +165,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     compute = forward + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
                                           cm.device, dtype)
     comm = 0.0
-    p_bytes = g_bytes = o_bytes = 0.0
+    p_bytes = g_bytes = o_bytes = gathered = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None or not owns_params:
@@ -173,6 +176,8 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         data_axes = [a for a, s in enumerate(cfg.splits) if s is not None and s not in t]
         d = math.prod(shape[a] for a in data_axes)
         p_bytes += bp * local_numel / (d if zero_stage >= 3 else 1)
+        if zero_stage >= 3:
+            gathered += (bp + bg) * local_numel * (1 - 1 / d)
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         for axis in data_axes:
@@ -200,7 +205,10 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # dims, and its extras (the log-softmax) are shaped like its first input.
     extra_term = out or terms[0]
     act += op.saved_extra_bytes * cm._scale(op.output) / cfg.shards(extra_term, shape)
-    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act)
+    grad_out = op.output.nbytes * cm._scale(op.output) / cfg.shards(out, shape) if out else 0.0
+    grad_in = max((spec.nbytes * cm._scale(spec) / cfg.shards(t, shape)
+                   for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None), default=0.0)
+    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + gathered)
 
 
 def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:

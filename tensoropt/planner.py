@@ -25,7 +25,7 @@ from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
 
-__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units"]
+__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "transient_bytes"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -40,6 +40,7 @@ class MeshProblem:
     unit_input_bytes: tuple[tuple[float, ...], ...]  # per unit, per configuration of its first operator
     cost_graph: CostGraph                         # nodes: operators, then one node per unit
     tied_s: dict = None                           # operator -> per-configuration tied-parameter moves (s)
+    activation_factor: float = 1.0                # micro-batches of activations held (pipeline stages)
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -126,7 +127,29 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edges.append((node, i, table))
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
-    return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied)
+    return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
+                       activation_factor)
+
+
+def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray:
+    """Per assignment (one per row): the peak of what is held only for a while, which the
+    additive memory of the cost graph leaves out: the largest operator transient
+    (``NodeCost.transient_bytes``) plus, when units are recomputed, the activations of the
+    largest recomputed unit, rematerialised during its backward (one micro-batch's worth)."""
+    a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+    n_ops = len(problem.configs)
+    peak = np.zeros(len(a))
+    for i, costs in enumerate(problem.node_costs):
+        table = np.array([c.transient_bytes for c in costs])
+        np.maximum(peak, table[a[:, i]], out=peak)
+    again = np.zeros(len(a))
+    for k, (_, ops) in enumerate(problem.units):
+        node = n_ops + k
+        if node >= a.shape[1]:
+            continue
+        unit = sum(np.array([c.activation_bytes for c in problem.node_costs[i]])[a[:, i]] for i in ops)
+        np.maximum(again, np.where(a[:, node] == 1, unit, 0.0), out=again)
+    return peak + again
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

@@ -20,7 +20,7 @@ from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
-from .planner import MeshProblem, build_problem
+from .planner import MeshProblem, build_problem, transient_bytes
 from .space import SearchSpace
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
@@ -185,6 +185,12 @@ def frontier(
     bytes as stage 2 and keeps more, so it never reaches the frontier in this cost model).
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
     ``pipeline``: also search pipeline stages over the repeated blocks (1F1B; see ``pipeline``).
+
+    Memory is a sum over operators and edges: parameters, gradients, optimizer state and saved
+    activations. What is held only for a while — an operator's gradients during its backward,
+    ZeRO-3's gathered parameters, a recomputed unit's rematerialised activations — is a maximum,
+    not a sum; each plan reports it as ``breakdown["transient_bytes"]`` (``planner.transient_bytes``)
+    without adding it to ``memory_bytes``.
     """
     start = time.monotonic()
     scaling = parse_scaling(devices)
@@ -252,7 +258,7 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
         result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress,
                        block_groups=space.block_groups)
         problems.append(problem)
-        for i, (pt, a) in enumerate(zip(result.points, result.assignments)):
+        for pt, a in zip(result.points, result.assignments):
             points.append(pt)
             owners_.append((len(problems) - 1, a))
     label = devices if isinstance(devices, str) else str(cluster)
@@ -419,7 +425,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         if a[problem.recompute_node(k)] == 1:
             recomputed.append(name)
             recomputed_ops.update(unit_ops)
-            kept_inputs += problem.unit_input_bytes[k][a[unit_ops[0]]]
+            kept_inputs += problem.activation_factor * problem.unit_input_bytes[k][a[unit_ops[0]]]
     ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
                            grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
     for i, op in enumerate(graph.operators):
@@ -428,7 +434,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         terms, out = op.terms
         contracted = "".join(c for t in terms for c in t if c not in out)
         again = i in recomputed_ops
-        act = 0.0 if again else cost.activation_bytes
+        act = 0.0 if again else problem.activation_factor * cost.activation_bytes
         ops.append(OpChoice(op.name, op.module, op.family, str(cfg), ",".join(term_placements(cfg, out, contracted)),
                             cost.compute_s + (cost.forward_s if again else 0.0), cost.comm_s, float(relayout[i]),
                             cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, act))
@@ -441,6 +447,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
+    totals["transient_bytes"] = float(transient_bytes(problem, a)[0])
     tr = ctx.cost_model.training
     summary = summarize(graph, problem, a)
     if problem.zero_stage:

@@ -43,6 +43,7 @@ def test_every_plan_costs_what_it_says(gpt_frontier):
                                          rel=1e-9)
         mem = b["param_bytes"] + b["grad_bytes"] + b["optimizer_bytes"] + b["activation_bytes"]
         assert p.memory_bytes == pytest.approx(mem, rel=1e-9)
+        assert 0 < b["transient_bytes"] < mem
         assert sum(o.compute_s for o in p.ops) == pytest.approx(b["compute_s"] + b["recompute_s"], rel=1e-9)
         assert sum(o.activation_bytes for o in p.ops) <= b["activation_bytes"]
 

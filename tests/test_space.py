@@ -62,3 +62,6 @@ def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
     llama, _, _ = _capture("llama-tiny", None, None)
     assert interpolator(tiny, llama) is None
     assert interpolator(tiny, tiny) is None           # one batch size fixes nothing
+    graph, _, recapture = _capture("gpt-tiny", None, None)
+    recapture(graph.batch_size // 2)
+    assert recapture.at(1) is None                    # batch 1 is always captured for real

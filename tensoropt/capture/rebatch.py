@@ -5,7 +5,8 @@ batch: dims labelled ``b`` in its equation scale with it, FLOPs and extra saved 
 affine in it (e.g. attention's per-row statistics plus a constant seed). When the two
 captures agree on everything else (operators, equations, edges, blocks, the other dims),
 the graph at any batch ``b`` follows from them; otherwise ``interpolator`` returns None and
-the caller captures again. Exporting GPT-3's 96 layers takes seconds; this takes
+the caller captures again. A batch of one is always captured: views of unit dims are
+labelled differently there. Exporting GPT-3's 96 layers takes seconds; this takes
 milliseconds, which matters when a pipeline search needs one graph per micro-batch size.
 """
 
@@ -50,7 +51,7 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
     """``at(b)``: the graph at batch ``b`` (None where a dim would not be whole), or None
     when the two captures do not differ by the batch alone."""
     b1, b2 = g1.batch_size, g2.batch_size
-    if b1 == b2 or len(g1.operators) != len(g2.operators) or g1.edges != g2.edges or g1.blocks != g2.blocks:
+    if b1 == b2 or min(b1, b2) < 2 or len(g1.operators) != len(g2.operators) or g1.edges != g2.edges or g1.blocks != g2.blocks:
         return None
     for o1, o2 in zip(g1.operators, g2.operators):
         moved = _scaled(o1, b1, b2)
@@ -62,6 +63,8 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
         return v1 + (v2 - v1) * (b - b1) / (b2 - b1)
 
     def at(b: int) -> OpGraph | None:
+        if b < 2:          # a batch of one is captured differently (views drop unit dims)
+            return None
         ops = []
         for o1, o2 in zip(g1.operators, g2.operators):
             op = _scaled(o1, b1, b)
