@@ -223,7 +223,8 @@ def analyse_memory(pairs: list[dict], out_dir: str) -> dict:
     with open(os.path.join(out_dir, "memory_calibration.json"), "w") as f:
         json.dump({"format": "tensoropt.memory_calibration/1", **all_fit.terms(),
                    "formula": "peak = predicted_memory_bytes + temp_factor*max_local_tensor_bytes"
-                              " + replicate_param_copies*replicate_param_bytes (tensoropt.validate.fit)",
+                              " + replicate_param_copies*replicate_param_bytes + transient_factor*transient_bytes"
+                              " (tensoropt.validate.fit)",
                    "fitted_on_pairs": len(pairs)}, f, indent=1)
     return out
 
