@@ -177,7 +177,9 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         d = math.prod(shape[a] for a in data_axes)
         p_bytes += bp * local_numel / (d if zero_stage >= 3 else 1)
         if zero_stage >= 3:
-            gathered += (bp + bg) * local_numel * (1 - 1 / d)
+            # its gathered parameter and unreduced gradient, and the next layer's parameter
+            # prefetched meanwhile (FSDP2 prefetches one all-gather ahead; taken as this size)
+            gathered += (2 * bp + bg) * local_numel * (1 - 1 / d)
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         for axis in data_axes:

@@ -54,6 +54,15 @@ class Plan:
     microbatches: int = 1
 
     @property
+    def peak_memory_bytes(self) -> float:
+        """``memory_bytes`` (resident state and saved activations, the frontier's axis) plus the
+        backward pass's rise above it (``breakdown["transient_bytes"]``); for a pipeline the
+        largest over its stages."""
+        if self.stages:
+            return max(s.peak_memory_bytes for s in self.stages)
+        return self.memory_bytes + float(self.breakdown.get("transient_bytes", 0.0))
+
+    @property
     def mesh_axis_names(self) -> tuple[str, ...]:
         return tuple(f"m{i}" for i in range(len(self.mesh_shape)))
 

@@ -132,24 +132,35 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
 
 
 def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray:
-    """Per assignment (one per row): the peak of what is held only for a while, which the
-    additive memory of the cost graph leaves out: the largest operator transient
-    (``NodeCost.transient_bytes``) plus, when units are recomputed, the activations of the
-    largest recomputed unit, rematerialised during its backward (one micro-batch's worth)."""
+    """Per assignment (one per row): how far the peak of the backward pass rises above the
+    additive memory of the cost graph.
+
+    Backward visits the operators in reverse. When operator ``i`` runs its backward, the
+    activations saved by the operators up to ``i`` are still held (later ones are freed), a
+    recomputed unit holds its rematerialised activations up to ``i``, and ``i`` adds its own
+    transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers). With ``f``
+    micro-batches in flight (pipeline stages) the other ``f - 1`` keep all theirs. The peak is
+    the largest such sum; the result is that peak minus the activations the cost graph
+    charges (never negative: the last operator's backward sees all of them)."""
     a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
-    n_ops = len(problem.configs)
-    peak = np.zeros(len(a))
-    for i, costs in enumerate(problem.node_costs):
-        table = np.array([c.transient_bytes for c in costs])
-        np.maximum(peak, table[a[:, i]], out=peak)
-    again = np.zeros(len(a))
+    n, n_ops = len(a), len(problem.configs)
+    act = np.stack([np.array([c.activation_bytes for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
+    trans = np.stack([np.array([c.transient_bytes for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
+    held = act.copy()
+    again = np.zeros_like(act)                     # rematerialised during the unit's backward
     for k, (_, ops) in enumerate(problem.units):
         node = n_ops + k
         if node >= a.shape[1]:
             continue
-        unit = sum(np.array([c.activation_bytes for c in problem.node_costs[i]])[a[:, i]] for i in ops)
-        np.maximum(again, np.where(a[:, node] == 1, unit, 0.0), out=again)
-    return peak + again
+        rc = a[:, node] == 1
+        ops = list(ops)
+        held[np.ix_(rc, ops)] = 0.0
+        held[rc, ops[0]] = np.asarray(problem.unit_input_bytes[k])[a[rc, ops[0]]]
+        again[np.ix_(rc, ops)] = np.cumsum(act[np.ix_(rc, ops)], axis=1)
+    total = held.sum(axis=1)
+    f = problem.activation_factor
+    before = (f - 1) * total[:, None] + np.cumsum(held, axis=1) + again
+    return np.maximum((before + trans).max(axis=1) - f * total, 0.0) if n_ops else np.zeros(n)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

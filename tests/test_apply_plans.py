@@ -244,8 +244,8 @@ def test_four_ranks_collectives_match_prediction(results_4, case):
 def test_peak_memory_matches_prediction(results_2, case):
     res = results_2[case]
     assert res["ok"], res.get("error")
-    rel = res["peak_bytes"] / res["predicted_memory_bytes"] - 1
-    assert abs(rel) < 0.10, (res["plan"], res["peak_bytes"], res["predicted_memory_bytes"], rel)
+    rel = res["peak_bytes"] / res["predicted_peak_bytes"] - 1
+    assert abs(rel) < 0.10, (res["plan"], res["peak_bytes"], res["predicted_peak_bytes"], rel)
 
 
 def test_cases_cover_reference_and_frontier_points(results_2, results_4):

@@ -118,7 +118,8 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     inputs = make_inputs(key)
     res = {"case": case, "world": world, "plan": plan.summary, "mesh": list(plan.mesh_shape),
            "zero_stage": plan.zero_stage, "recompute": list(plan.recompute), "stages": len(plan.stages),
-           "microbatches": plan.microbatches, "predicted_memory_bytes": plan.memory_bytes}
+           "microbatches": plan.microbatches, "predicted_memory_bytes": plan.memory_bytes,
+           "predicted_peak_bytes": plan.peak_memory_bytes}
 
     loss_ref, g_ref, loss3_ref = single_process_reference(key, inputs)
 
