@@ -76,7 +76,7 @@ def measure(args) -> tuple[list[dict], list[dict]]:
                 if not c.applicable:
                     skipped.append({"model": key, "world": world, "role": c.role, "plan": c.plan.summary,
                                     "predicted_time_s": c.plan.time_s,
-                                    "predicted_memory_bytes": c.plan.memory_bytes, "reason": c.reason})
+                                    "predicted_memory_bytes": c.plan.peak_memory_bytes, "reason": c.reason})
                     continue
                 path = os.path.join(plan_dir, f"{key}_w{world}_{i}.json")
                 c.plan.save(path)
@@ -102,7 +102,8 @@ def measure(args) -> tuple[list[dict], list[dict]]:
                     "label": c.plan.label, "mesh": list(c.plan.mesh_shape), "zero_stage": c.plan.zero_stage,
                     "recompute": list(c.plan.recompute), "apply_mode": r.get("mode"), "plan_file": f"plans/{base}",
                     "predicted_time_s": c.plan.time_s, "predicted_breakdown": c.plan.breakdown,
-                    "predicted_memory_bytes": c.plan.memory_bytes,
+                    "predicted_memory_bytes": c.plan.peak_memory_bytes,
+                    "predicted_resident_bytes": c.plan.memory_bytes,
                     "measured_time_s": r["time_median_s"], "measured_time_q25_s": r["time_q25_s"],
                     "measured_time_q75_s": r["time_q75_s"], "measured_time_min_s": r["time_min_s"],
                     "measured_time_max_s": r["time_max_s"], "step_times_s": r["step_times_s"],
@@ -223,8 +224,8 @@ def analyse_memory(pairs: list[dict], out_dir: str) -> dict:
     with open(os.path.join(out_dir, "memory_calibration.json"), "w") as f:
         json.dump({"format": "tensoropt.memory_calibration/1", **all_fit.terms(),
                    "formula": "peak = predicted_memory_bytes + temp_factor*max_local_tensor_bytes"
-                              " + replicate_param_copies*replicate_param_bytes + transient_factor*transient_bytes"
-                              " (tensoropt.validate.fit)",
+                              " + replicate_param_copies*replicate_param_bytes (tensoropt.validate.fit;"
+                              " predicted_memory_bytes is Plan.peak_memory_bytes)",
                    "fitted_on_pairs": len(pairs)}, f, indent=1)
     return out
 
@@ -293,7 +294,8 @@ def main() -> None:
         p["memory_by_category"] = memory_categories(p)
         resident = sum(v["measured_rank0"] for k, v in p["memory_by_category"].items() if k in _CATEGORIES)
         # diagnostic: the categories the cost model prices (rank 0's PARAM+GRAD+OPT+ACT at the peak)
-        p["memory_resident_error_rank0"] = (p["predicted_memory_bytes"] - resident) / resident if resident else None
+        predicted = p.get("predicted_resident_bytes", p["predicted_memory_bytes"])
+        p["memory_resident_error_rank0"] = (predicted - resident) / resident if resident else None
     overall = {}
     for w in sorted({p["world"] for p in pairs}):
         ps = [p for p in pairs if p["world"] == w]
@@ -327,7 +329,8 @@ def main() -> None:
                       "storage over one whole step (forward, backward, optimizer), model and optimizer tracked, "
                       "max over ranks; excludes allocator fragmentation and gloo's C++ buffers",
             "predicted": "tensoropt.frontier(model, 'cpu:N', inputs=..., profile=PROFILE): Plan.time_s, "
-                         "Plan.memory_bytes",
+                         "Plan.peak_memory_bytes (resident state and saved activations, plus the backward "
+                         "pass's rise above them)",
             "calibration": "tensoropt.validate.fit (see step_calibration.json)",
         },
     }

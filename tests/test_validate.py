@@ -216,12 +216,10 @@ def test_memory_fit_recovers_known_terms():
     rng = np.random.default_rng(7)
     feats = [{"predicted_memory_bytes": float(rng.uniform(1e6, 5e7)),
               "max_local_tensor_bytes": float(rng.uniform(1e5, 4e6)),
-              "replicate_param_bytes": float(rng.choice([0.0, rng.uniform(1e6, 1e7)])),
-              "transient_bytes": float(rng.uniform(1e5, 8e6))} for _ in range(30)]
-    truth = MemoryCalibration(temp_factor=2.5, replicate_param_copies=1.0, transient_factor=0.7)
+              "replicate_param_bytes": float(rng.choice([0.0, rng.uniform(1e6, 1e7)]))} for _ in range(30)]
+    truth = MemoryCalibration(temp_factor=2.5, replicate_param_copies=1.0)
     y = [truth.predict(f) for f in feats]
     cal = fit_memory_calibration(feats, y)
     assert cal.temp_factor == pytest.approx(2.5, rel=0.02)
     assert cal.replicate_param_copies == pytest.approx(1.0, rel=0.02)
-    assert cal.transient_factor == pytest.approx(0.7, rel=0.02)
     assert MemoryCalibration().predict(feats[0]) == feats[0]["predicted_memory_bytes"]

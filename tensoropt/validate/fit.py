@@ -228,7 +228,6 @@ def calibrated_frontier(plans: Sequence, calibration: StepCalibration, graph) ->
 MEMORY_TERMS: dict[str, str] = {
     "temp_factor": "max_local_tensor_bytes",          # transients at the peak, in largest-tensor units
     "replicate_param_copies": "replicate_param_bytes",  # extra parameter copies of the data-parallel wrapper
-    "transient_factor": "transient_bytes",            # the cost model's own transient peak (planner.transient_bytes)
 }
 
 
@@ -237,18 +236,16 @@ class MemoryCalibration:
     """Whole-step memory terms the per-operator model does not price::
 
         peak = predicted_memory_bytes + temp_factor * max_local_tensor_bytes
-               + replicate_param_copies * replicate_param_bytes + transient_factor * transient_bytes
+               + replicate_param_copies * replicate_param_bytes
 
     ``max_local_tensor_bytes``: the largest operator output of the plan, local shard (a
     temporary of that size -- its gradient, say -- is alive at the peak);
     ``replicate_param_bytes``: the plan's parameter bytes when the apply layer wraps it in
-    FSDP2 (``apply_mode == "replicate"``), else 0; ``transient_bytes``: the plan's
-    ``breakdown["transient_bytes"]`` (gradients in flight, ZeRO-3 gathers, a recomputed layer's
-    rematerialised activations), 0 for plans saved before it existed.
+    FSDP2 (``apply_mode == "replicate"``), else 0. ``predicted_memory_bytes`` is the plan's
+    ``peak_memory_bytes``, which already holds the cost model's own backward peak.
     """
     temp_factor: float = 0.0
     replicate_param_copies: float = 0.0
-    transient_factor: float = 0.0
 
     def predict(self, features: Mapping[str, float]) -> float:
         return float(features["predicted_memory_bytes"]
@@ -272,9 +269,8 @@ def memory_features(plan, graph, apply_mode: str | None = None) -> dict[str, flo
     if apply_mode is None:
         apply_mode = "dtensor" if _has_model_axis(plan) else "replicate"
     b = plan.breakdown or {}
-    return {"predicted_memory_bytes": float(plan.memory_bytes), "max_local_tensor_bytes": largest,
-            "replicate_param_bytes": float(b.get("param_bytes", 0.0)) if apply_mode == "replicate" else 0.0,
-            "transient_bytes": float(b.get("transient_bytes", 0.0))}
+    return {"predicted_memory_bytes": float(plan.peak_memory_bytes), "max_local_tensor_bytes": largest,
+            "replicate_param_bytes": float(b.get("param_bytes", 0.0)) if apply_mode == "replicate" else 0.0}
 
 
 def fit_memory_calibration(features: Sequence[Mapping[str, float]], measured_bytes: Iterable[float],
