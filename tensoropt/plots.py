@@ -119,7 +119,7 @@ def _budget(memory_budget) -> float | None:
 
 
 def _fits(plans, budget: float):
-    fits = [p for p in plans if p.memory_bytes <= budget]
+    fits = [p for p in plans if p.peak_memory_bytes <= budget]
     return min(fits, key=lambda p: p.time_s) if fits else None
 
 

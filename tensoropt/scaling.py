@@ -93,13 +93,14 @@ class ScalingFrontier:
         pool = [p for p in self.plans if max_devices is None or p.world_size <= max_devices]
         if not pool:
             raise ValueError(f"no device count <= {max_devices} was searched; counts: {sorted(self.frontiers)}")
-        fits = [p for p in pool if p.memory_bytes <= budget]
+        fits = [p for p in pool if p.peak_memory_bytes <= budget]
         if not fits:
-            least = min(pool, key=lambda p: p.memory_bytes)
+            least = min(pool, key=lambda p: p.peak_memory_bytes)
             raise InfeasibleBudget(
                 f"no plan for {self.model} on up to {max_devices or max(self.frontiers)} x {self.device} fits "
-                f"{format_bytes(budget)} per device; the minimum achievable is {format_bytes(least.memory_bytes)} "
-                f"({least.memory_bytes:.0f} bytes, {least.world_size} devices, plan {least.summary}).")
+                f"{format_bytes(budget)} per device; the minimum achievable peak is "
+                f"{format_bytes(least.peak_memory_bytes)} ({least.peak_memory_bytes:.0f} bytes, "
+                f"{least.world_size} devices, plan {least.summary}).")
         key = (lambda p: (p.time_s, device_hours(p))) if objective == "time" else \
               (lambda p: (device_hours(p), p.time_s))
         return min(fits, key=key)

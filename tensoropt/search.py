@@ -67,16 +67,17 @@ class Frontier:
         return self.plans[-1]
 
     def best(self, memory_budget: int | float | str | None = None) -> Plan:
-        """The fastest plan whose per-device memory fits ``memory_budget`` (bytes or "40GB");
-        by default the device's own memory."""
+        """The fastest plan whose per-device peak memory (``Plan.peak_memory_bytes``: resident
+        state, saved activations and the backward pass's rise) fits ``memory_budget`` (bytes or
+        "40GB"); by default the device's own memory."""
         budget = self.device_memory_bytes if memory_budget is None else _budget_bytes(memory_budget)
-        fits = [p for p in self.plans if p.memory_bytes <= budget]
+        fits = [p for p in self.plans if p.peak_memory_bytes <= budget]
         if not fits:
-            least = self.plans[-1]
+            least = min(self.plans, key=lambda p: p.peak_memory_bytes)
             raise InfeasibleBudget(
                 f"no plan for {self.model} on {self.devices} fits {format_bytes(budget)} per device; "
-                f"the minimum achievable is {format_bytes(least.memory_bytes)} "
-                f"({least.memory_bytes:.0f} bytes, plan {least.summary} on mesh {least.mesh}). "
+                f"the minimum achievable peak is {format_bytes(least.peak_memory_bytes)} "
+                f"({least.peak_memory_bytes:.0f} bytes, plan {least.summary} on mesh {least.mesh}). "
                 "Raise the budget, add devices, or lower the batch size.")
         return fits[0]
 
@@ -121,9 +122,10 @@ def _row(p: Plan, device_memory: float) -> dict:
         "memory_bytes": p.memory_bytes,
         "time_ms": p.time_s * 1e3,
         "memory_gib": p.memory_bytes / 2**30,
+        "peak_memory_gib": p.peak_memory_bytes / 2**30,
         "mesh": p.mesh,
         "summary": p.summary,
-        "fits_device": p.memory_bytes <= device_memory,
+        "fits_device": p.peak_memory_bytes <= device_memory,
         **{k: v for k, v in b.items()},
     }
 

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                                zero=extras, recompute=extras)
         budget = f.device_memory_bytes if args.budget is None else float(parse_bytes(args.budget))
         for p in f.plans:
-            if p.memory_bytes > budget:
+            if p.peak_memory_bytes > budget:
                 continue
             try:
                 if not p.stages:                  # pipeline plans run with apply.pipeline

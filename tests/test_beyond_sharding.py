@@ -123,7 +123,7 @@ def test_device_count_axis():
     assert df[df.devices == 4].memory_bytes.min() < df[df.devices == 1].memory_bytes.min()
     fast = s.best(max_devices=2)
     assert fast.world_size <= 2
-    assert fast.time_s == min(p.time_s for p in s.plans if p.world_size <= 2 and p.memory_bytes <= 80e9)
+    assert fast.time_s == min(p.time_s for p in s.plans if p.world_size <= 2 and p.peak_memory_bytes <= 80e9)
     cheap = s.best(objective="device_hours")
     assert cheap.time_s * cheap.world_size == min(p.time_s * p.world_size for p in s.plans)
     with pytest.raises(InfeasibleBudget, match="minimum achievable"):
