@@ -3,6 +3,7 @@ and its outputs state the facts it is about (parsed from its final ``CHECK`` lin
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -111,6 +112,17 @@ def test_notebook_executes(path, tmp_path):
     elif path.name.startswith("03_"):
         facts = _check_line(nb, "language")
         assert float(facts["dp_bytes"]) > float(facts["budget_bytes"]) >= float(facts["plan_bytes"])
+        # section 5 runs by default: LLaMA-3-8B and GPT-3 175B need more than the device under
+        # data parallelism, their fastest plans fit; GPT-3's is pipelined over 1024 devices in
+        # the coarse space, tensor parallel only inside a node
+        large = _check_line(nb, "large")
+        device = float(large["device_bytes"])
+        assert float(large["llama_dp_bytes"]) > device >= float(large["llama_plan_bytes"])
+        assert float(large["gpt3_dp_bytes"]) > device >= float(large["gpt3_plan_bytes"])
+        mesh = [int(n) for n in large["gpt3_mesh"].split("x")]
+        assert math.prod(mesh) == 1024 and mesh[-1] <= 8
+        assert int(large["gpt3_pipeline"]) == mesh[0] > 1 and int(large["gpt3_microbatches"]) > 1
+        assert large["gpt3_coarse"] == "True"
     elif path.name.startswith("04_"):
         facts = _check_line(nb, "training")
         assert float(facts["plan_bytes"]) <= float(facts["budget_bytes"])
