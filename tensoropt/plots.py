@@ -161,7 +161,8 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
                   color=None, annotate: bool = True, title: str | None = None):
     """The trade-off curve of one frontier.
 
-    x: time per iteration (ms, or s); y: peak memory per device (GiB, MiB for tiny models).
+    x: time per iteration (ms, or s); y: memory per device at the end of the forward pass
+    (``Plan.memory_bytes``; GiB, MiB for tiny models).
     The staircase runs through the Pareto-optimal plans (every plan left of and below the
     curve is impossible, every plan above and right of it is wasteful); reference plans
     (data parallel, Megatron) are marked; ``memory_budget`` ("40GB", bytes) draws the budget,
@@ -296,7 +297,7 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
             sec.tick_params(labelsize=8)
 
     ax.set_xlabel(f"time per training iteration ({unit})")
-    ax.set_ylabel(f"peak memory per device ({munit})")
+    ax.set_ylabel(f"memory per device ({munit})")
     batch = _batch(plans[0])
     ax.set_title(title or f"{frontier.model} on {frontier.devices}"
                  f"{f', batch {batch}' if batch else ''}: time vs memory per device", fontsize=11)
@@ -395,7 +396,7 @@ def plot_frontiers(frontiers, labels: Sequence[str] | None = None, ax=None, memo
         ax.set_xscale("log")
     what = "time per training sample" if per_sample else "time per training iteration"
     ax.set_xlabel(f"{what} ({unit})")
-    ax.set_ylabel(f"peak memory per device ({munit})")
+    ax.set_ylabel(f"memory per device ({munit})")
     models = sorted({f.model for f in frontiers})
     ax.set_title(title or f"{', '.join(models)}: frontiers compared (down-left is better)", fontsize=11)
     ax.grid(True, alpha=0.3, which="both")
@@ -707,7 +708,7 @@ def plot_memory_breakdown(plans, labels: Sequence[str] | None = None, ax=None, m
     mscale, munit = _mem_scale([p.memory_bytes for p in plans])
     tscale, tunit = _time_scale([p.time_s for p in plans])
     top = _stacked(ax, plans, labels, _MEMORY_PARTS, lambda p, k: float(p.breakdown.get(k, 0.0)), mscale, munit,
-                   f"peak memory per device ({munit})",
+                   f"memory per device ({munit})",
                    title or f"{plans[0].model} on {plans[0].devices}: memory per device by kind",
                    lambda p: p.memory_bytes,
                    lambda p: f"{p.memory_bytes * mscale:.3g} {munit}\n{_fmt_time(p.time_s, tscale, tunit)}/iter")

@@ -308,10 +308,13 @@ def _capture(model, inputs, batch_size):
         from .models import example_inputs, get_model
 
         name = model
-        if inputs is None:
-            inputs = example_inputs(name, batch_size)
+        given = inputs is not None
+        inputs = tuple(inputs) if given else tuple(example_inputs(name, batch_size))
         module = get_model(name)
-        graph = capture(module, tuple(inputs), name=name)
+        graph = capture(module, inputs, name=name)
+        if given:        # other batch sizes keep the given inputs' other dims (sequence length)
+            return graph, module, _Recapture(
+                graph, lambda b: capture(module, _rebatch(inputs, graph.batch_size, b), name=name))
         return graph, module, _Recapture(graph, lambda b: capture(module, tuple(example_inputs(name, b)), name=name))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
@@ -521,7 +524,8 @@ def _reference_plans(ctx: _Context, problems: list[MeshProblem]) -> dict[str, Pl
                 want = [j for j, c in enumerate(cfgs) if c.splits == ("b",)]
                 a.append(want[0] if want else 0)
             refs["data parallel"] = plan_from_assignment(ctx, problem, a, "data parallel")
-        if mesh.ndim <= 2:
+        # Megatron keeps tensor parallelism inside a node
+        if mesh.ndim <= 2 and mesh.shape[-1] <= ctx.cluster.per_node:
             tp_axis = mesh.ndim - 1
             allowed = []
             for i, op in enumerate(graph.operators):

@@ -65,3 +65,12 @@ def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
     graph, _, recapture = _capture("gpt-tiny", None, None)
     recapture(graph.batch_size // 2)
     assert recapture.at(1) is None                    # batch 1 is always captured for real
+
+
+def test_zoo_model_with_given_inputs_keeps_their_sequence_length_at_other_batches():
+    from tensoropt.models import example_inputs
+
+    graph, _, recapture = _capture("gpt-tiny", example_inputs("gpt-tiny", 8, seq_len=8), None)
+    half = recapture(4)
+    assert graph.operators[0].operands[0].shape == (8, 8)
+    assert half.operators[0].operands[0].shape == (4, 8)        # not the zoo default of 16
