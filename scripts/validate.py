@@ -41,10 +41,12 @@ ABLATION_ORDER = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_o
                   "optimizer_s_per_param", "comm_scale")
 DEFAULT_TERMS = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s")
 NOTES = [
-    "Wall times were taken on a shared 2-core machine while other test suites ran (see "
-    "overall.*.loadavg_1min_during_timing): wall time per step is several times the process CPU time, and "
-    "the wall-time compute_scale absorbs that contention. The CPU-time metric (calibration_cpu_time) is far "
-    "less sensitive to it but excludes time spent waiting in collectives.",
+    "Wall times come from a 2-core machine; the 1-minute load average while timing is recorded in "
+    "overall.*.loadavg_1min_during_timing (other jobs on the machine inflate wall time over process CPU "
+    "time, and the wall-time compute_scale absorbs that contention). The CPU-time metric "
+    "(calibration_cpu_time) is far less sensitive to it but excludes time spent waiting in collectives.",
+    "Predicted memory is Plan.peak_memory_bytes: resident state and saved activations plus the backward "
+    "pass's rise above them (planner.transient_bytes).",
     "Split: per (model, world), pairs sorted by predicted time alternate train/test; the calibration is fitted "
     "on train and evaluated on test ('calibrated.test'); step_calibration.json is refitted on all pairs.",
     "The collective_calls feature counts data-parallel gradient reductions per bucket (one per layers.<i> "
