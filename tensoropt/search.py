@@ -9,13 +9,14 @@ parallel, Megatron-style tensor parallel) priced by the same cost model.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from .costmodel import CostModel, TrainingConfig
-from .engine import solve
+from .engine import SolveTimeout, solve
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
 from .opgraph import OpGraph
@@ -257,8 +258,9 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
         problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=recompute,
                                 batch_only_axes=space.batch_only_axes(mesh, cluster))
         remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
-        result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress,
-                       block_groups=space.block_groups)
+        with _overall_limit(graph, devices, time_limit_s, start, f"mesh {mesh}, ZeRO stage {z}"):
+            result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress,
+                           block_groups=space.block_groups)
         problems.append(problem)
         for pt, a in zip(result.points, result.assignments):
             points.append(pt)
@@ -271,9 +273,10 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
         for p in stage_counts(len(graph.blocks), cluster.world_size):
             for m in microbatch_counts(graph.batch_size, p):
                 remaining = None if time_limit_s is None else max(time_limit_s - (time.monotonic() - start), 1e-3)
-                ready += pipeline_candidates(recapture(graph.batch_size // m), cluster, p, m, cost_for,
-                                        TrainingConfig(precision, optimizer), signature, label, epsilon,
-                                        space, recompute, remaining)
+                with _overall_limit(graph, devices, time_limit_s, start, f"{p} pipeline stages, {m} micro-batches"):
+                    ready += pipeline_candidates(recapture(graph.batch_size // m), cluster, p, m, cost_for,
+                                                 TrainingConfig(precision, optimizer), signature, label, epsilon,
+                                                 space, recompute, remaining)
     pts = np.array(points + [(c.time_s, c.memory_bytes) for c in ready])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]
@@ -290,6 +293,19 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
              "search_space": space.describe(),
              "unsupported_ops": list(graph.unsupported)}
     return Frontier(graph.name, ctx.devices, plans, refs, float(cluster.device.memory_bytes), stats)
+
+
+@contextmanager
+def _overall_limit(graph, devices, time_limit_s, start, what: str):
+    """A solve's timeout restated for the whole search (its own limit is what was left)."""
+    try:
+        yield
+    except SolveTimeout as err:
+        raise SolveTimeout(
+            f"the frontier search of {graph.name} on {devices} stopped after {time.monotonic() - start:.1f} s "
+            f"of time_limit_s={time_limit_s}, while solving {what} (at {str(err).split(' at ', 1)[-1].split('. ')[0]})."
+            " Raise time_limit_s, pass epsilon > 0, "
+            "search fewer meshes (max_mesh_dims) or the coarse space (coarse=True).") from None
 
 
 def _show(progress: bool | None) -> bool:

@@ -222,3 +222,12 @@ def test_whole_step_calibration_reprices_the_frontier(tmp_path):
     with pytest.raises(FileNotFoundError, match="validate.py"):
         tensoropt.frontier("mlp-tiny", "cpu:2", pipeline=False, progress=False,
                            calibration=str(tmp_path / "none.json"))
+
+
+def test_time_limit_is_stated_for_the_whole_search():
+    from tensoropt.engine import SolveTimeout
+
+    with pytest.raises(SolveTimeout) as err:
+        tensoropt.frontier("gpt-tiny", "4xA100-80GB", time_limit_s=0.001, progress=False)
+    msg = str(err.value)
+    assert "time_limit_s=0.001" in msg and "gpt-tiny on 4xA100-80GB" in msg and "while solving mesh" in msg
