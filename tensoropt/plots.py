@@ -221,7 +221,13 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     for _, p in refs:
         if p.time_s * scale < lo_t:
             x_lo = max(min(x_lo, p.time_s * scale - 0.1 * span_t), 0)
+    # the device-memory line widens the view before off-chart references are pinned to its edge
+    dev = getattr(frontier, "device_memory_bytes", float("inf"))
+    show_dev = bool(np.isfinite(dev) and dev * mscale <= y_hi * 1.5)
+    if show_dev:
+        y_hi = max(y_hi, dev * mscale * 1.08)
     markers = ["X", "D", "^", "s", "v", "P", "*"]
+    pinned = 0
     for i, (rname, p) in enumerate(refs):
         t, m = p.time_s * scale, p.memory_bytes * mscale
         mk = markers[i % len(markers)]
@@ -235,20 +241,18 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
                        label=txt + " (off the chart)")
             arrow = ("→" if t > x_hi else "") + ("↑" if m > y_hi else "")
             ax.annotate(f"{rname} {arrow}\n{_fmt_time(p.time_s, scale, unit)}, {m:.3g} {munit}", (pt, pm),
-                        textcoords="offset points", xytext=(-8, -6), ha="right", va="top", fontsize=8,
-                        color="dimgray")
+                        textcoords="offset points", xytext=(-8, -6 - 24 * pinned), ha="right", va="top",
+                        fontsize=8, color="dimgray")
+            pinned += 1                         # the next pinned label goes below this one
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(0, y_hi)
     top = y_hi
 
-    dev = getattr(frontier, "device_memory_bytes", float("inf"))
-    if np.isfinite(dev) and dev * mscale <= top * 1.5:
+    if show_dev:
         y = dev * mscale
         ax.axhline(y, color="firebrick", linewidth=1.2, zorder=2)
-        ax.set_ylim(0, max(top, y * 1.08))
-        ax.annotate(f"device memory {_fmt_gib(dev)}", (1, y), xycoords=("axes fraction", "data"),
-                    xytext=(-4, 3), textcoords="offset points", ha="right", fontsize=9, color="firebrick")
-        top = max(top, y * 1.08)
+        ax.annotate(f"device memory {_fmt_gib(dev)}", (0, y), xycoords=("axes fraction", "data"),
+                    xytext=(4, 3), textcoords="offset points", ha="left", fontsize=9, color="firebrick")
 
     if budget is not None:
         chosen = _fits(plans, budget)
