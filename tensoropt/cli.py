@@ -59,7 +59,7 @@ def _run_frontier(args) -> int:
         print(df.to_json(orient="records", indent=1))
     else:
         print(repr(f))
-        cols = ["time_ms", "memory_gib", "mesh", "summary", "fits_device"]
+        cols = ["time_ms", "memory_gib", "peak_memory_gib", "mesh", "summary", "fits_device"]
         shown = df if args.rows <= 0 or len(df) <= args.rows else df.iloc[_spread(len(df), args.rows)]
         print(shown[cols].to_string(float_format=lambda x: f"{x:.4f}"))
         if len(shown) < len(df):
