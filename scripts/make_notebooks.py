@@ -35,7 +35,7 @@ pd.set_option("display.width", 160)
 pd.set_option("display.max_columns", 20)
 %matplotlib inline"""
 
-COLUMNS = '["time_ms", "memory_gib", "mesh", "summary", "fits_device"]'
+COLUMNS = '["time_ms", "memory_gib", "peak_memory_gib", "mesh", "summary", "fits_device"]'
 
 
 def md(text: str):
