@@ -179,7 +179,7 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
             g, _ = sub_graph(mb_graph, spec.ops)
             problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                     activation_factor=spec.in_flight, comm_factor=1.0 / scale,
-                                    batch_only_axes=space.batch_only_axes(mesh, sub))
+                                    batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
             res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False,
                         block_groups=space.block_groups)
             fronts.append(res.points)

@@ -41,6 +41,7 @@ class MeshProblem:
     cost_graph: CostGraph                         # nodes: operators, then one node per unit
     tied_s: dict = None                           # operator -> per-configuration tied-parameter moves (s)
     activation_factor: float = 1.0                # micro-batches of activations held (pipeline stages)
+    accumulates: bool = False                     # gradients accumulate over micro-batches (pipeline stages)
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -75,11 +76,13 @@ def _signature(op: Operator, owns: bool) -> tuple:
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
                   recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0,
-                  batch_only_axes: tuple[int, ...] = ()) -> MeshProblem:
+                  batch_only_axes: tuple[int, ...] = (), accumulates: bool = False) -> MeshProblem:
     """``activation_factor`` multiplies saved activations (micro-batches in flight in a
     pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
     iteration, where the rest of a stage's cost is per micro-batch). ``batch_only_axes``:
-    mesh axes on which operators may only split the batch or replicate (data parallel)."""
+    mesh axes on which operators may only split the batch or replicate (data parallel);
+    ``accumulates``: parameter gradients are summed over micro-batches (each micro-batch's
+    gradient is a temporary before it is added)."""
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     cache: dict[tuple, tuple[tuple[OpConfig, ...], tuple[NodeCost, ...]]] = {}
@@ -128,7 +131,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
-                       activation_factor)
+                       activation_factor, accumulates)
 
 
 def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray:
@@ -138,14 +141,17 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     Backward visits the operators in reverse. When operator ``i`` runs its backward, the
     activations saved by the operators up to ``i`` are still held (later ones are freed), a
     recomputed unit holds its rematerialised activations up to ``i``, and ``i`` adds its own
-    transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers). With ``f``
+    transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers; when
+    gradients accumulate over micro-batches, also this micro-batch's parameter gradients before
+    they are added). With ``f``
     micro-batches in flight (pipeline stages) the other ``f - 1`` keep all theirs. The peak is
     the largest such sum; the result is that peak minus the activations the cost graph
     charges (never negative: the last operator's backward sees all of them)."""
     a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
     n, n_ops = len(a), len(problem.configs)
     act = np.stack([np.array([c.activation_bytes for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
-    trans = np.stack([np.array([c.transient_bytes for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
+    extra = (lambda c: c.transient_bytes + c.grad_bytes) if problem.accumulates else (lambda c: c.transient_bytes)
+    trans = np.stack([np.array([extra(c) for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
     held = act.copy()
     again = np.zeros_like(act)                     # rematerialised during the unit's backward
     for k, (_, ops) in enumerate(problem.units):
