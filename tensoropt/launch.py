@@ -53,6 +53,43 @@ def emit_result(obj: dict) -> None:
     print(RESULT_PREFIX + json.dumps(obj, default=str), flush=True)
 
 
+def run_each(items, run, describe) -> None:
+    """Called from a worker on every rank of an initialised process group: ``run(item)`` for
+    each item, a result dict that gains ``ok``; a failure becomes ``describe(item)`` with the
+    error, whether it is a :class:`~tensoropt.apply.PlanNotApplicable`, and its trace. Rank 0
+    prints every result for :func:`run_torchrun` (other ranks print only their failures);
+    the ranks keep in step with a barrier per item, and the process group is destroyed at
+    the end."""
+    import traceback
+
+    import torch.distributed as dist
+
+    for item in items:
+        try:
+            res = run(item)
+            res["ok"] = True
+        except Exception as e:  # noqa: BLE001 - reported to the launcher
+            from .apply import PlanNotApplicable
+
+            res = {**describe(item), "ok": False, "error": f"{type(e).__name__}: {e}",
+                   "not_applicable": isinstance(e, PlanNotApplicable), "trace": traceback.format_exc()[-3000:]}
+        if dist.get_rank() == 0:
+            emit_result(res)
+        elif not res["ok"]:
+            print(f"rank {dist.get_rank()} {describe(item)}: {res['trace']}", file=sys.stderr, flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def finish_worker() -> None:
+    """End a worker whose results are printed and whose process group is gone, without
+    interpreter teardown, where gloo's threads can abort the process ("terminate called
+    without an active exception") and turn a finished run into a failed launch."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def run_torchrun(script: str | os.PathLike, args: list[str] | tuple[str, ...] = (), *, nproc: int = 2,
                  timeout: float = 120.0, env: dict[str, str] | None = None,
                  cwd: str | os.PathLike | None = None) -> TorchrunResult:

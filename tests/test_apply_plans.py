@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 import tensoropt
+from dist_cases import launch_cases
 from tensoropt.apply import PlanNotApplicable, load_plan, parallelize, plan_layout
 from tensoropt.capture import capture
 from tensoropt.comms import predicted_collectives, summarize
-from tensoropt.launch import run_torchrun
 from tensoropt.models import example_inputs, get_model
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
@@ -176,23 +176,14 @@ def test_predicted_collectives_zero_stage(mlp_frontier):
 # ----------------------------------------------------------------------------- launches
 
 
-def _launch(nproc: int, cases: list[str], measure: list[str]) -> dict[str, dict]:
-    r = run_torchrun(WORKER, ["--case", ",".join(cases), "--measure", ",".join(measure)],
-                     nproc=nproc, timeout=420)
-    assert r.ok, r.summary()
-    out = {res["case"]: res for res in r.results}
-    assert set(out) == set(cases), r.summary()
-    return out
-
-
 @pytest.fixture(scope="module")
 def results_2():
-    return _launch(2, CASES_2, ["all"])
+    return launch_cases(WORKER, 2, CASES_2, ["all"], timeout=420)
 
 
 @pytest.fixture(scope="module")
 def results_4():
-    return _launch(4, CASES_4, ["all"])
+    return launch_cases(WORKER, 4, CASES_4, ["all"], timeout=420)
 
 
 def _check_exact(res: dict) -> None:

@@ -34,7 +34,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -42,7 +41,7 @@ import torch.distributed as dist
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
-from tensoropt.launch import emit_result  # noqa: E402
+from tensoropt.launch import finish_worker, run_each  # noqa: E402
 from tensoropt.validate.cases import capture_graph, make_inputs, make_model  # noqa: E402
 
 LR = 1e-3
@@ -141,26 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     graph = capture_graph(args.model)
-    for path in filter(None, args.plans.split(",")):
-        try:
-            res = measure_plan(args.model, path, args.steps, args.warmup, graph)
-            res["ok"] = True
-        except Exception as e:  # noqa: BLE001 - reported to the driver
-            from tensoropt.apply import PlanNotApplicable
-            res = {"model": args.model, "plan_file": os.path.basename(path), "ok": False,
-                   "error": f"{type(e).__name__}: {e}", "not_applicable": isinstance(e, PlanNotApplicable),
-                   "trace": traceback.format_exc()[-3000:]}
-        if dist.get_rank() == 0:
-            emit_result(res)
-        dist.barrier()
-    dist.destroy_process_group()
+    run_each(list(filter(None, args.plans.split(","))),
+             lambda path: measure_plan(args.model, path, args.steps, args.warmup, graph),
+             lambda path: {"model": args.model, "plan_file": os.path.basename(path)})
 
 
 if __name__ == "__main__":
     main()
-    # Every result is printed and the process group is gone: leave without interpreter
-    # teardown, where gloo's threads can abort the process ("terminate called without an
-    # active exception") and turn a finished run into a failed launch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_worker()

@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -35,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, single_process_reference  # noqa: E402
 
-from tensoropt.apply import (PlanNotApplicable, full_grads, parallelize, peak_memory,  # noqa: E402
-                             plan_layout)
+from tensoropt.apply import full_grads, parallelize, peak_memory, plan_layout  # noqa: E402
+from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 
 def _mode(plan, key: str, graph) -> str:
@@ -177,28 +176,10 @@ def main() -> None:
     world = dist.get_world_size()
     measure = set(filter(None, args.measure.split(",")))
     torch.set_num_threads(1)
-    for case in args.case.split(","):
-        try:
-            res = run_case(case, world, case in measure)
-            res["ok"] = True
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            res = {"case": case, "world": world, "ok": False, "error": f"{type(e).__name__}: {e}",
-                   "not_applicable": isinstance(e, PlanNotApplicable),
-                   "trace": traceback.format_exc()[-3000:]}
-        if dist.get_rank() == 0:
-            from tensoropt.launch import emit_result
-            emit_result(res)
-        elif not res["ok"]:
-            print(f"rank {dist.get_rank()} {case}: {res['trace']}", file=sys.stderr, flush=True)
-        dist.barrier()
-    dist.destroy_process_group()
+    run_each(args.case.split(","), lambda case: run_case(case, world, case in measure),
+             lambda case: {"case": case, "world": world})
 
 
 if __name__ == "__main__":
     main()
-    # Every result is printed and the process group is gone: leave without interpreter
-    # teardown, where gloo's threads can abort the process ("terminate called without an
-    # active exception") and turn a finished run into a failed launch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_worker()

@@ -18,10 +18,8 @@ ZeRO and recomputation (``frontier(..., zero=False, recompute=False)``).
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -29,10 +27,10 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
-from tensoropt.apply import PlanNotApplicable, count_collectives, full_grads, parallelize, peak_memory  # noqa: E402
+from tensoropt.apply import count_collectives, full_grads, parallelize, peak_memory  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
 from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
-from tensoropt.launch import emit_result  # noqa: E402
+from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 # Zoo name, config overrides, batch. "mlp" is mlp-tiny widened so tensor-parallel plans pair layers.
 MODELS = {
@@ -60,14 +58,21 @@ def single_process_reference(key: str, inputs: tuple):
     loss_ref = ref(*inputs)
     loss_ref.backward()
     g_ref = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
-    opt_ref = torch.optim.Adam(ref.parameters(), lr=LR)
-    opt_ref.step()
-    opt_ref.zero_grad()
+    _, loss3 = three_adam_steps(ref, inputs)
+    return loss_ref, g_ref, loss3
+
+
+def three_adam_steps(model, inputs) -> tuple:
+    """From the first step's gradients (already computed): three Adam steps, then the loss
+    (``(optimizer, loss)``)."""
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt.step()
+    opt.zero_grad()
     for _ in range(2):
-        ref(*inputs).backward()
-        opt_ref.step()
-        opt_ref.zero_grad()
-    return loss_ref, g_ref, float(ref(*inputs).detach())
+        model(*inputs).backward()
+        opt.step()
+        opt.zero_grad()
+    return opt, float(model(*inputs).detach())
 
 
 def make_inputs(key: str, device: str = "cpu") -> tuple:
@@ -164,14 +169,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         res["predicted"] = summarize_for_backend(pred, tuple(plan.mesh_shape), "gloo")
         res["predicted_raw"] = summarize(pred)
         res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
-    opt.step()
-    opt.zero_grad()
-    for _ in range(2):
-        model(*inputs).backward()
-        opt.step()
-        opt.zero_grad()
-    res["loss3"] = float(model(*inputs).detach())
+    opt, res["loss3"] = three_adam_steps(model, inputs)
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
@@ -190,25 +188,10 @@ def main() -> None:
     world = dist.get_world_size()
     measure = set(filter(None, args.measure.split(",")))
     torch.set_num_threads(1)
-    for case in args.case.split(","):
-        try:
-            res = run_case(case, world, case in measure or "all" in measure)
-            res["ok"] = True
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            res = {"case": case, "world": world, "ok": False, "error": f"{type(e).__name__}: {e}",
-                   "not_applicable": isinstance(e, PlanNotApplicable),
-                   "trace": traceback.format_exc()[-3000:]}
-        if dist.get_rank() == 0:
-            emit_result(res)
-        dist.barrier()
-    dist.destroy_process_group()
+    run_each(args.case.split(","), lambda case: run_case(case, world, case in measure or "all" in measure),
+             lambda case: {"case": case, "world": world})
 
 
 if __name__ == "__main__":
     main()
-    # Every result is printed and the process group is gone: leave without interpreter
-    # teardown, where gloo's threads can abort the process ("terminate called without an
-    # active exception") and turn a finished run into a failed launch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_worker()

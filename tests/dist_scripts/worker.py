@@ -30,7 +30,7 @@ from tensoropt.apply import (  # noqa: E402
     peak_memory,
     shard_batch,
 )
-from tensoropt.launch import emit_result  # noqa: E402
+from tensoropt.launch import emit_result, finish_worker  # noqa: E402
 from tensoropt.plan_types import ApplySpec, MeshSpec, ModuleSharding  # noqa: E402
 
 BATCH = 8
@@ -265,9 +265,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Every result is printed and the process group is gone: leave without interpreter
-    # teardown, where gloo's threads can abort the process ("terminate called without an
-    # active exception") and turn a finished run into a failed launch.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish_worker()
