@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,6 +46,15 @@ class MeshProblem:
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
+
+    @cached_property
+    def backward_tables(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Per operator, per configuration: saved activation bytes (one micro-batch) and the
+        transient its backward adds (see :func:`transient_bytes`)."""
+        act = tuple(np.array([c.activation_bytes for c in costs]) for costs in self.node_costs)
+        extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
+        trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
+        return act, trans
 
 
 def owners(graph: OpGraph) -> list[bool]:
@@ -143,15 +153,17 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     recomputed unit holds its rematerialised activations up to ``i``, and ``i`` adds its own
     transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers; when
     gradients accumulate over micro-batches, also this micro-batch's parameter gradients before
-    they are added). With ``f``
-    micro-batches in flight (pipeline stages) the other ``f - 1`` keep all theirs. The peak is
+    they are added). With ``f`` micro-batches in flight (pipeline stages) the other ``f - 1``
+    keep all theirs. The peak is
     the largest such sum; the result is that peak minus the activations the cost graph
     charges (never negative: the last operator's backward sees all of them)."""
     a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
     n, n_ops = len(a), len(problem.configs)
-    act = np.stack([np.array([c.activation_bytes for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
-    extra = (lambda c: c.transient_bytes + c.grad_bytes) if problem.accumulates else (lambda c: c.transient_bytes)
-    trans = np.stack([np.array([extra(c) for c in problem.node_costs[i]])[a[:, i]] for i in range(n_ops)], 1)
+    if not n_ops:
+        return np.zeros(n)
+    act_of, trans_of = problem.backward_tables
+    act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
+    trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
     held = act.copy()
     again = np.zeros_like(act)                     # rematerialised during the unit's backward
     for k, (_, ops) in enumerate(problem.units):
@@ -166,7 +178,7 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     total = held.sum(axis=1)
     f = problem.activation_factor
     before = (f - 1) * total[:, None] + np.cumsum(held, axis=1) + again
-    return np.maximum((before + trans).max(axis=1) - f * total, 0.0) if n_ops else np.zeros(n)
+    return np.maximum((before + trans).max(axis=1) - f * total, 0.0)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

@@ -18,11 +18,11 @@ import numpy as np
 from .costmodel import CostModel, TrainingConfig
 from .engine import SolveTimeout, solve
 from .engine.pareto import prune_rows
-from .mesh import Cluster, Mesh, enumerate_meshes, parse_devices
+from .mesh import Cluster, Mesh, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
 from .planner import MeshProblem, build_problem, transient_bytes
-from .space import SearchSpace
+from .space import SearchSpace, distinct_meshes
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
 from .units import format_bytes, parse_bytes
@@ -132,18 +132,6 @@ def _row(p: Plan, device_memory: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------- search
-
-
-def distinct_meshes(cluster: Cluster, max_dims: int = 3) -> list[Mesh]:
-    """Meshes over the cluster, keeping one of each set that differ only by the order of axes
-    with the same size and link (their frontiers are identical)."""
-    seen, out = set(), []
-    for m in enumerate_meshes(cluster, max_dims=max_dims):
-        key = tuple(sorted((s, link.name) for s, link in zip(m.shape, m.links)))
-        if key not in seen:
-            seen.add(key)
-            out.append(m)
-    return out
 
 
 def frontier(
@@ -328,10 +316,10 @@ def _capture(model, inputs, batch_size):
         inputs = tuple(inputs) if given else tuple(example_inputs(name, batch_size))
         module = get_model(name)
         graph = capture(module, inputs, name=name)
-        if given:        # other batch sizes keep the given inputs' other dims (sequence length)
-            return graph, module, _Recapture(
-                graph, lambda b: capture(module, _rebatch(inputs, graph.batch_size, b), name=name))
-        return graph, module, _Recapture(graph, lambda b: capture(module, tuple(example_inputs(name, b)), name=name))
+        # other batch sizes keep given inputs' other dims (sequence length)
+        inputs_at = (lambda b: _rebatch(inputs, graph.batch_size, b)) if given else \
+            (lambda b: tuple(example_inputs(name, b)))
+        return graph, module, _Recapture(graph, lambda b: capture(module, inputs_at(b), name=name))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
     if inputs is None:

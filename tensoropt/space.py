@@ -19,12 +19,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .mesh import Cluster, Mesh
+from .mesh import Cluster, Mesh, enumerate_meshes
 
-__all__ = ["SearchSpace", "COARSE_ABOVE", "BLOCK_GROUPS"]
+__all__ = ["SearchSpace", "COARSE_ABOVE", "BLOCK_GROUPS", "distinct_meshes"]
 
 COARSE_ABOVE = 64
 BLOCK_GROUPS = 8
+
+
+def distinct_meshes(cluster: Cluster, max_dims: int = 3) -> list[Mesh]:
+    """Meshes over the cluster, keeping one of each set that differ only by the order of axes
+    with the same size and link (their frontiers are identical)."""
+    seen, out = set(), []
+    for m in enumerate_meshes(cluster, max_dims=max_dims):
+        key = tuple(sorted((s, link.name) for s, link in zip(m.shape, m.links)))
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
 
 
 @dataclass(frozen=True)
@@ -43,8 +55,6 @@ class SearchSpace:
         return BLOCK_GROUPS if self.coarse else None
 
     def meshes(self, cluster: Cluster) -> list[Mesh]:
-        from .search import distinct_meshes
-
         meshes = distinct_meshes(cluster, self.max_mesh_dims)
         if self.coarse:
             meshes = [m for m in meshes if not any(self._crosses(m, cluster, a) for a in range(1, m.ndim))]
