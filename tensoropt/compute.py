@@ -39,7 +39,8 @@ class EfficiencyCurve:
     def efficiency(self, flops: float) -> float:
         if flops <= 0:
             return self.eff_max
-        return self.eff_max * flops / (flops + self.flops_half)
+        # Written as a chain of correctly rounded monotone steps so the curve never dips by an ulp.
+        return self.eff_max / (1.0 + self.flops_half / flops)
 
 
 # MAMF figures (costs.md): A100 271/312 = 0.87, H100 794/989 = 0.80 at best shape; H100 1024³
