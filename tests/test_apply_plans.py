@@ -48,9 +48,6 @@ MEMORY_CASES = ["mlp-big:dp", "mlp-big:tp_plain", "mlp-big:min_memory_plain"]
 # Where measured bytes differ from the prediction, and why (see the final report in the commit
 # message / tensoropt.apply._plan docstring).
 KNOWN_COMM_MISMATCH = {
-    ("cnn:dp", 2): "BatchNorm splitting the batch: DTensor gathers the batch (exact); the cost "
-                   "model prices BatchNorm batch splits as free (strategy.py norm labels)",
-    ("cnn:hybrid", 4): "as cnn:dp",
     ("mlp:min_memory_plain", 4): "one tensor dim sharded over both mesh axes: DTensor's fixed "
                                  "nesting order (axis 0 outer) costs more than the cost model's "
                                  "per-axis rule",

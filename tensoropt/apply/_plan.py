@@ -36,10 +36,11 @@ collectives are issued again during backward).
 Plans whose mesh axes are all data-parallel (every batched operator splits the batch) use
 FSDP2's ``replicate`` instead (gradient all-reduce), with the batch split per rank.
 
-A choice that local execution cannot reproduce exactly -- BatchNorm splitting the batch
-(statistics over the batch) -- runs through DTensor's own rule (which gathers the batch:
-exact, but with collectives the cost model does not price; listed in ``layout.notes``).
-Operators grouped from several aten ops are rejected (``PlanNotApplicable``).
+BatchNorm splitting the batch needs the statistics of the whole batch: it runs locally with
+per-channel sums all-reduced over the axes that split the batch (``_sync_batch_norm``: the
+SyncBatchNorm the cost model prices), so such plans never take the ``replicate`` path, whose
+ranks would normalise by their own slice. Operators grouped from several aten ops are rejected
+(``PlanNotApplicable``).
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
+from ..execution import aten_base, data_axes, runs_replicated, splits_batch_statistics
 from ..opgraph import OpGraph
 from ..plan import Plan
 from ..strategy import OpConfig, term_placements
+from ._sync_batch_norm import sync_batch_norm
 from ._validate import param_signature
 
 __all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan"]
@@ -86,15 +89,6 @@ _ALIASES = {
     "sum": {"sum"},
 }
 _MEAN_REDUCTIONS = ("mean",)
-_BATCH_STAT_NORMS = ("batch_norm",)
-
-
-def _aten_base(aten: str) -> str:
-    # "aten.linear.default" -> "linear"
-    parts = aten.split(".")
-    return parts[1] if len(parts) >= 2 else parts[0]
-
-
 def _func_name(func) -> str:
     name = getattr(func, "__name__", "")
     if not name and hasattr(func, "__func__"):
@@ -129,7 +123,7 @@ class OpLayout:
     want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
     grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
     out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
-    execution: str = "local"                # "local" or "dtensor" (DTensor's own rule)
+    execution: str = "local"                # "local", "sync_batch_norm" or "dtensor" (DTensor's own rule)
 
 
 @dataclass
@@ -173,20 +167,6 @@ def capture_for_plan(plan: Plan, model: nn.Module, inputs: tuple | None = None) 
         except (TypeError, ValueError):
             inputs = tuple(example_inputs(plan.model, batch, device="meta"))
     return capture(model, tuple(inputs), name=plan.model)
-
-
-def _is_data_axis(graph: OpGraph, cfgs: list[OpConfig], axis: int) -> bool:
-    batched = False
-    for op, cfg in zip(graph.operators, cfgs):
-        s = cfg.splits[axis]
-        labels = "".join(op.terms[0]) + op.terms[1]
-        if "b" in labels:
-            batched = True
-            if s != "b":
-                return False
-        elif s is not None:
-            return False
-    return batched
 
 
 def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> PlanLayout:
@@ -239,13 +219,8 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
                 raise PlanNotApplicable(
                     f"operator {op.name} ({op.module_type or op.family}) groups {len(op.aten)} aten ops "
                     f"{op.aten}; the apply layer lays out single-op operators only (config {cfg})")
-        base = _aten_base(op.aten[0]) if op.aten else op.name
-        execution = "local"
-        if base in _BATCH_STAT_NORMS and any(s is not None and s in terms[0] and terms[0].index(s) != 1
-                                             for s in cfg.splits):
-            execution = "dtensor"
-            notes.append(f"{op.name}: BatchNorm splits the batch ({cfg}); its statistics need the whole "
-                         "batch, so DTensor gathers it (exact, collectives not in the cost model)")
+        base = aten_base(op.aten[0]) if op.aten else op.name
+        execution = "sync_batch_norm" if splits_batch_statistics(op, cfg) else "local"
         if base == "embedding" and any(s is not None and s in contracted for s in cfg.splits) and \
                 sum(1 for s in cfg.splits if s is not None and s in contracted) > 1:
             raise PlanNotApplicable(f"operator {op.name}: vocabulary split over several mesh axes ({cfg})")
@@ -271,19 +246,15 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
         names = frozenset(_ALIASES.get(base, {base}))
         ops.append(OpLayout(i, op.name, op.module, op.family, base, names, cfg, tuple(terms), out,
                             contracted, tuple(op.param_names), want, gp, outp, execution))
-    data_axes = tuple(a for a in range(ndim) if plan.mesh_shape[a] > 1 and _is_data_axis(graph, cfgs, a))
-    model_axes = [a for a in range(ndim) if plan.mesh_shape[a] > 1 and a not in data_axes]
-    mode = "replicate" if (data_axes and not model_axes
-                           and not any(o.execution == "dtensor" for o in ops)) else "dtensor"
-    if mode == "dtensor" and math.prod(plan.mesh_shape) == 1:
-        mode = "replicate"
+    dp_axes = data_axes(graph, cfgs, plan.mesh_shape)
+    mode = "replicate" if runs_replicated(graph, cfgs, plan.mesh_shape) else "dtensor"
     recompute = tuple(getattr(plan, "recompute", ()) or ())
     for fqn in recompute:
         try:
             model.get_submodule(fqn)
         except AttributeError:
             raise ValueError(f"plan recomputes module {fqn!r}, which the model does not have") from None
-    return PlanLayout(plan, graph, ops, pplace, data_axes, mode, notes)
+    return PlanLayout(plan, graph, ops, pplace, dp_axes, mode, notes)
 
 
 # ---------------------------------------------------------------------------------- apply
@@ -559,6 +530,10 @@ class _Runner:
             x = x.redistribute(mesh, want)
             gpl = [Partial() if op.grad_partial[j][a] else _to_placement(op.want[j][a]) for a in range(mesh.ndim)]
             local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
+            if op.param_names[j] is None and local.untyped_storage().nbytes() > local.numel() * local.element_size():
+                # a slice of a larger buffer (gloo's all-to-all is an all-gather and a chunk):
+                # keep only the slice, which is what autograd may save
+                local = local.clone()
             if zero_param is not None and self.zero >= 3 and self.ckpt_depth == 0:
                 gathered.append((local.untyped_storage().data_ptr(), src, want))
             flat[k] = self._fix_operand(op, j, _ContiguousGrad.apply(local) if local.requires_grad else local)
@@ -566,6 +541,11 @@ class _Runner:
         with _regather_saved(gathered, mesh):
             if op.base == "embedding" and any(s is not None and s in op.contracted for s in op.config.splits):
                 out = self._vocab_split_embedding(op, func, a2, k2)
+            elif op.execution == "sync_batch_norm":
+                axes = [a for a, s in enumerate(op.config.splits) if s is not None and s in op.terms[0]
+                        and op.terms[0].index(s) != 1 and self.mesh.shape[a] > 1]
+                out = sync_batch_norm(func, a2, k2, [self.mesh.get_group(a) for a in axes],
+                                      math.prod(self.mesh.shape[a] for a in axes))
             else:
                 out = func(*a2, **k2)
         out = self._fix_output(op, out, k2)
