@@ -559,7 +559,7 @@ assert by_devices[hi].min_memory().memory_bytes < by_devices[lo].min_memory().me
 assert by_batch[max(BATCH_SIZES)].min_memory().memory_bytes > by_batch[min(BATCH_SIZES)].min_memory().memory_bytes
 dp = f8.reference["data parallel"]
 assert dp.peak_memory_bytes > budget >= plan.peak_memory_bytes   # data parallelism misses the budget, the plan fits
-print(f"CHECK language dp_bytes={dp.memory_bytes!r} budget_bytes={budget} plan_bytes={plan.memory_bytes!r}")
+print(f"CHECK language dp_bytes={dp.peak_memory_bytes!r} budget_bytes={budget} plan_bytes={plan.peak_memory_bytes!r}")
 if RUN_LARGE:
     llama, fast = large["llama3-8b"], gpt3.min_time()
     assert llama.reference["data parallel"].memory_bytes > llama.device_memory_bytes   # DP does not fit
@@ -640,7 +640,7 @@ table["calibrated_time_s"] = [fc.best(memory_budget=budget).time_s, fc.reference
 table[["plan", "predicted_time_s", "calibrated_time_s", "measured_time_s"]]
 """),
     code("""
-print(f"CHECK training budget_bytes={parse_bytes(budget)} plan_bytes={plan.memory_bytes!r} "
+print(f"CHECK training budget_bytes={parse_bytes(budget)} plan_bytes={plan.peak_memory_bytes!r} "
       f"measured_bytes={runs[0]['measured_memory_bytes']} loss_first={runs[0]['loss_first']!r} "
       f"loss_last={runs[0]['loss_last']!r}")
 """),

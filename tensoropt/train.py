@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         def one_step():
             loss = forward_backward()
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)      # the scope Plan.peak_memory_bytes prices
             holder["loss"] = float(loss.detach())
 
         if step == args.steps - 1:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             one_step()
             mem = None
         dt = time.perf_counter() - t0
-        extra = f" peak {format_bytes(mem)} (predicted {format_bytes(plan.memory_bytes)})" if mem is not None else ""
+        extra = f" peak {format_bytes(mem)} (predicted {format_bytes(plan.peak_memory_bytes)})" if mem is not None else ""
         print(f"[rank {rank}] step {step} loss {holder['loss']:.6f} time {dt * 1e3:.1f} ms{extra}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -33,11 +33,11 @@ from ._validate import (
 )
 from ._plan import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, plan_layout
 from ._pipeline import PipelineRunner, pipeline
-from .measure import count_collectives, peak_memory
+from .measure import count_collectives, peak_memory, step_peak_memory
 
 __all__ = [
     "parallelize", "param_signature", "validate_spec", "build_mesh", "shard_batch", "global_loss",
-    "full_grads", "full_params", "count_collectives", "peak_memory", "describe_layout",
+    "full_grads", "full_params", "count_collectives", "peak_memory", "step_peak_memory", "describe_layout",
     "plan_layout", "PlanLayout", "PlanNotApplicable", "load_plan", "pipeline", "PipelineRunner",
 ]
 

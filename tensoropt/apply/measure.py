@@ -18,6 +18,12 @@ during the step, per rank. It counts storages, so views are not double counted; 
 count allocator fragmentation, communication buffers allocated inside C++ (gloo), or memory
 freed before the step. Tensors that already exist (model, optimizer state) are counted when
 passed in ``track`` (``MemTracker.track_external``) and otherwise only once touched.
+
+``step_peak_memory(forward_backward, optimizer, *track)``: the peak of one whole training step
+in the scope ``Plan.peak_memory_bytes`` predicts -- forward and backward, the optimizer step
+and ``zero_grad(set_to_none=False)``, begun with parameters, gradients and optimizer state
+resident (an unmeasured step first makes them so). Loops that drop gradients between steps
+(``set_to_none=True``, PyTorch's default) peak lower, by up to the gradients' bytes.
 """
 
 from __future__ import annotations
@@ -189,3 +195,17 @@ def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True) -
             else:
                 by_cat[getattr(k, "name", str(k))] += int(v)
     return {"peak_bytes": total, "method": "torch.distributed._tools.MemTracker", "by_category": dict(by_cat)}
+
+
+def step_peak_memory(forward_backward: Callable[[], Any], optimizer: torch.optim.Optimizer, *track: Any,
+                     modules: bool = True) -> dict[str, Any]:
+    """Peak of one training step with gradients kept between steps (see the module docstring);
+    runs two steps of ``optimizer`` on the model."""
+    def step():
+        loss = forward_backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        return loss
+
+    step()
+    return peak_memory(step, *track, optimizer, modules=modules)

@@ -39,6 +39,6 @@ def measure_plans(key: str, plans, world: int = 2, steps: int = 5, warmup: int =
             why = (r or {}).get("error") or res.summary(1500)
             raise RuntimeError(f"measuring plan {plan.summary} on {world} ranks failed: {why}")
         out.append({"plan": plan.summary, "predicted_time_s": plan.time_s, "measured_time_s": r["time_median_s"],
-                    "predicted_memory_bytes": plan.memory_bytes, "measured_memory_bytes": r["peak_bytes"],
+                    "predicted_memory_bytes": plan.peak_memory_bytes, "measured_memory_bytes": r["peak_bytes"],
                     "loss_first": r["loss_first"], "loss_last": r["loss_last"]})
     return out

@@ -62,7 +62,7 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> dict:
-    from tensoropt.apply import count_collectives, parallelize, peak_memory
+    from tensoropt.apply import count_collectives, parallelize, peak_memory, step_peak_memory
     from tensoropt.plan import Plan
 
     plan = Plan.load(plan_path)
@@ -101,7 +101,7 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
     times = _max_over_ranks(times)
     cpu = _max_over_ranks(cpu)
     colls = count_collectives(step)
-    mem_step = peak_memory(step, model, opt)
+    mem_step = step_peak_memory(fwd_bwd, opt, model)
     mem_fb = peak_memory(fwd_bwd, model, opt)
     opt.zero_grad(set_to_none=False)
     peaks = _max_over_ranks([float(mem_step["peak_bytes"]), float(mem_fb["peak_bytes"])])

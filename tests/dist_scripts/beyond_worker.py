@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, single_process_reference  # noqa: E402
 
-from tensoropt.apply import full_grads, parallelize, peak_memory, plan_layout  # noqa: E402
+from tensoropt.apply import full_grads, parallelize, plan_layout, step_peak_memory  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 
@@ -147,7 +147,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
-        mem = peak_memory(step, tracked, opt, modules=not plan.stages)
+        mem = step_peak_memory(step, opt, tracked, modules=not plan.stages)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
         if "rc" not in which and "zero" not in which:
@@ -155,10 +155,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         base = baseline_of(plan, which)
         bstep, bparams, _, btracked, _ = build(key, base, graph)
         bopt = torch.optim.Adam(bparams, lr=LR)
-        bstep()
-        bopt.step()                 # optimizer state exists, as in the plan's measurement
-        bopt.zero_grad()
-        bmem = peak_memory(bstep, btracked, bopt, modules=not plan.stages)
+        bmem = step_peak_memory(bstep, bopt, btracked, modules=not plan.stages)
         res["baseline_peak_bytes"] = bmem["peak_bytes"]
         res["baseline_by_category"] = bmem["by_category"]
     return res

@@ -27,7 +27,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
-from tensoropt.apply import count_collectives, full_grads, parallelize, peak_memory  # noqa: E402
+from tensoropt.apply import count_collectives, full_grads, parallelize, step_peak_memory  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
 from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
@@ -173,7 +173,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
-        mem = peak_memory(step, model, opt)
+        mem = step_peak_memory(step, opt, model)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
     return res
