@@ -103,7 +103,8 @@ class NodeCost:
     optimizer_bytes: float
     activation_bytes: float
     # Held only while this operator runs backward: the gradients of its output and of its
-    # largest activation input, and under ZeRO-3 its gathered parameters and their gradient.
+    # largest activation input, its parameters' fresh gradients before they are added to the
+    # kept ones, and under ZeRO-3 its gathered parameters and their gradient.
     transient_bytes: float = 0.0
 
     @property
@@ -165,7 +166,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     compute = forward + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
                                           cm.device, dtype)
     comm = 0.0
-    p_bytes = g_bytes = o_bytes = gathered = 0.0
+    p_bytes = g_bytes = o_bytes = gathered = fresh = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None or not owns_params:
@@ -181,6 +182,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
             # prefetched meanwhile (FSDP2 prefetches one all-gather ahead; taken as this size)
             gathered += (2 * bp + bg) * local_numel * (1 - 1 / d)
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
+        fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         for axis in data_axes:
             if zero_stage == 0:
@@ -192,9 +194,9 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                 comm += (cm.collectives.time_s("reduce_scatter", bg * local_numel, mesh, axis)
                          + gathers * cm.collectives.time_s("all_gather", bp * local_numel, mesh, axis))
     if op.family == "norm" and "BatchNorm" in op.module_type:
-        # Batch statistics over a split batch are synchronised (SyncBatchNorm): mean and
-        # variance per channel all-reduced forward, their gradients backward.
-        channels = label_sizes(op).get(terms[0][1], 1) if len(terms[0]) > 1 else 1
+        # Batch statistics over a split batch are synchronised (SyncBatchNorm): per local
+        # channel the sums of x and x^2 all-reduced forward, of dy and dy*xhat backward.
+        channels = label_sizes(op).get(terms[0][1], 1) / cfg.shards(terms[0][1], shape) if len(terms[0]) > 1 else 1
         stats_bytes = 2 * channels * 4
         for axis, s in enumerate(cfg.splits):
             if s == "b":
@@ -210,7 +212,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     grad_out = op.output.nbytes * cm._scale(op.output) / cfg.shards(out, shape) if out else 0.0
     grad_in = max((spec.nbytes * cm._scale(spec) / cfg.shards(t, shape)
                    for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None), default=0.0)
-    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + gathered)
+    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered)
 
 
 def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:
@@ -269,6 +271,49 @@ def edge_cost_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[Op
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
     table[..., 0] = unique[np.ix_(rows, cols)]
     return table
+
+
+def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> float:
+    """What the backward of a layout move holds (the largest over the axes, which move one
+    after another): the local gradient and, for the gradient of a slice, that gradient
+    gathered whole; for an all-to-all one more local-size buffer, or on gloo, which has none,
+    the whole tensor gathered and the chunks it keeps concatenated (two whole-tensor buffers)."""
+    from .mesh import CPU_LINK_NAME
+
+    most = 0.0
+    for a, (h, w) in enumerate(zip(have, want)):
+        p = mesh.shape[a]
+        if p == 1:
+            continue
+        others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
+        n = nbytes / others
+        hs, ws = h.startswith("S"), w.startswith("S")
+        if h == "R" and ws:
+            most = max(most, n + n / p)
+        elif hs and ws and not aligned[a]:
+            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
+    return most
+
+
+def edge_transient_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
+                         dst_cfgs: list[OpConfig], mesh: Mesh) -> np.ndarray:
+    """``(K_src, K_dst)``: :func:`_relayout_transient_bytes` of the edge's tensor."""
+    src, dst = graph.operators[edge.src], graph.operators[edge.dst]
+    s_terms, s_out = src.terms
+    contracted = "".join(c for t in s_terms for c in t if c not in s_out)
+    d_term = dst.terms[0][edge.operand]
+    spec = dst.operands[edge.operand]
+    nbytes = spec.nbytes * cm._scale(spec)
+    have = [term_placements(c, s_out, contracted) for c in src_cfgs]
+    want = [term_placements(c, d_term) for c in dst_cfgs]
+    h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}
+    w_keys = {w: i for i, w in enumerate(dict.fromkeys(want))}
+    unique = np.zeros((len(h_keys), len(w_keys)))
+    for h, i in h_keys.items():
+        for w, j in w_keys.items():
+            aligned = tuple(_aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
+            unique[i, j] = _relayout_transient_bytes(nbytes, h, w, aligned, mesh)
+    return unique[np.ix_([h_keys[h] for h in have], [w_keys[w] for w in want])]
 
 
 def _aligned(have: str, want: str, dim_map: tuple[int | None, ...]) -> bool:

@@ -97,6 +97,7 @@ class OpGraph:
     blocks: tuple[tuple[int, ...], ...] = ()
     batch_size: int = 1
     unsupported: tuple[str, ...] = field(default=())  # aten ops captured as family "other"
+    input_bytes: int = 0               # the step's input tensors (the batch), as fed to the model
 
     def params(self) -> dict[str, TensorSpec]:
         """Unique parameters by FQN (a tied weight appears once)."""

@@ -56,11 +56,15 @@ class Plan:
     @property
     def peak_memory_bytes(self) -> float:
         """``memory_bytes`` (resident state and saved activations, the frontier's axis) plus the
-        backward pass's rise above it (``breakdown["transient_bytes"]``); for a pipeline the
-        largest over its stages."""
+        backward pass's rise above it (``breakdown["transient_bytes"]``) and the step's input
+        batch (``breakdown["input_bytes"]``: ``tensoropt.apply`` hands every rank the whole
+        batch); for a pipeline the largest over its stages (each with one micro-batch's
+        inputs). The scope is a training step that keeps gradients between steps
+        (``zero_grad(set_to_none=False)``); see ``tensoropt.apply.step_peak_memory``."""
         if self.stages:
             return max(s.peak_memory_bytes for s in self.stages)
-        return self.memory_bytes + float(self.breakdown.get("transient_bytes", 0.0))
+        return (self.memory_bytes + float(self.breakdown.get("transient_bytes", 0.0))
+                + float(self.breakdown.get("input_bytes", 0.0)))
 
     @property
     def mesh_axis_names(self) -> tuple[str, ...]:

@@ -20,13 +20,15 @@ from functools import cached_property
 
 import numpy as np
 
-from .costmodel import CostModel, NodeCost, edge_cost_table
+from .costmodel import CostModel, NodeCost, edge_cost_table, edge_transient_table
 from .engine import CostGraph
+from .execution import runs_replicated
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
 
-__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "transient_bytes"]
+__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "replicate_held_bytes", "step_input_bytes",
+           "transient_bytes"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -43,6 +45,7 @@ class MeshProblem:
     tied_s: dict = None                           # operator -> per-configuration tied-parameter moves (s)
     activation_factor: float = 1.0                # micro-batches of activations held (pipeline stages)
     accumulates: bool = False                     # gradients accumulate over micro-batches (pipeline stages)
+    edge_transients: tuple = ()                   # (src, dst, K_src x K_dst bytes): layout moves' backward buffers
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -105,13 +108,18 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
                                       for c in cfgs))
         configs.append(cache[sig][0])
         costs.append(cache[sig][1])
-    edge_cache: dict[tuple, np.ndarray] = {}
-    edges = []
+    edge_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    edges, edge_transients = [], []
     for e in graph.edges:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
         if key not in edge_cache:
-            edge_cache[key] = edge_cost_table(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
-        edges.append((e.src, e.dst, edge_cache[key]))
+            cfg_pair = (list(configs[e.src]), list(configs[e.dst]))
+            edge_cache[key] = (edge_cost_table(cost_model, graph, e, *cfg_pair, mesh),
+                               edge_transient_table(cost_model, graph, e, *cfg_pair, mesh))
+        table, moved = edge_cache[key]
+        edges.append((e.src, e.dst, table))
+        if moved.any():
+            edge_transients.append((e.src, e.dst, moved))
 
     tied = _tied_parameter_times(graph, configs, mesh, cost_model)
     units = recompute_units(graph) if recompute else []
@@ -141,10 +149,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
-                       activation_factor, accumulates)
+                       activation_factor, accumulates, tuple(edge_transients))
 
 
-def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray:
+def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: np.ndarray | None = None) -> np.ndarray:
     """Per assignment (one per row): how far the peak of the backward pass rises above the
     additive memory of the cost graph.
 
@@ -156,7 +164,9 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     they are added). With ``f`` micro-batches in flight (pipeline stages) the other ``f - 1``
     keep all theirs. The peak is
     the largest such sum; the result is that peak minus the activations the cost graph
-    charges (never negative: the last operator's backward sees all of them)."""
+    charges (never negative: the last operator's backward sees all of them). ``held_extra``
+    (rows x operators): bytes the execution holds beside these while operator ``i`` runs its
+    backward (:func:`replicate_held_bytes`)."""
     a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
     n, n_ops = len(a), len(problem.configs)
     if not n_ops:
@@ -164,6 +174,9 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     act_of, trans_of = problem.backward_tables
     act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
     trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
+    moves = np.zeros_like(trans)                   # after dst's backward, before src's
+    for src, dst, table in problem.edge_transients:
+        moves[:, dst] = np.maximum(moves[:, dst], table[a[:, src], a[:, dst]])
     held = act.copy()
     again = np.zeros_like(act)                     # rematerialised during the unit's backward
     for k, (_, ops) in enumerate(problem.units):
@@ -178,7 +191,53 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray) -> np.ndarray
     total = held.sum(axis=1)
     f = problem.activation_factor
     before = (f - 1) * total[:, None] + np.cumsum(held, axis=1) + again
-    return np.maximum((before + trans).max(axis=1) - f * total, 0.0)
+    if held_extra is not None:
+        before = before + np.atleast_2d(held_extra)
+    peak = (before + trans).max(axis=1)
+    if problem.edge_transients:
+        # a layout move's backward runs once dst's backward is done and has freed dst's
+        # activations (kept or rematerialised): the operators before dst still hold theirs
+        peak = np.maximum(peak, (before - act + moves).max(axis=1))
+    return np.maximum(peak - f * total, 0.0)
+
+
+def replicate_held_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> np.ndarray | None:
+    """Per operator: what FSDP2 ``replicate`` holds beside the cost graph's state while that
+    operator runs its backward, for a plan the apply layer runs that way (data parallel
+    without ZeRO; ``None`` otherwise): the unsharded copy of the parameters made in forward,
+    and the unsharded gradients of the operators whose backward has run (their reduction
+    buffers are kept until backward ends). Measured with MemTracker on CPU/gloo (torch 2.13):
+    neither is released group by group, so both are charged until the end of backward."""
+    a = np.asarray(assignment, dtype=np.int64)
+    n_ops = len(problem.configs)
+    cfgs = [problem.configs[i][a[i]] for i in range(n_ops)]
+    if problem.zero_stage or problem.accumulates or not runs_replicated(graph, cfgs, problem.mesh.shape):
+        return None
+    copy = sum(problem.node_costs[i][a[i]].param_bytes for i in range(n_ops))
+    grad = np.array([problem.node_costs[i][a[i]].grad_bytes for i in range(n_ops)])
+    done = np.append(np.cumsum(grad[::-1])[::-1][1:], 0.0)        # operators after i
+    return copy + done
+
+
+def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> float:
+    """The step's input batch beside the cost graph's memory: every rank holds the whole batch
+    (``tensoropt.apply`` hands it to each), less what the activations already charge of it --
+    an operator that keeps a graph input unsplit keeps that very tensor."""
+    a = np.asarray(assignment, dtype=np.int64)
+    fed = {(e.dst, e.operand) for e in graph.edges}
+    first_of_unit = {ops[0] for _, ops in problem.units}
+    shape = problem.mesh.shape
+    shared = 0.0
+    for i, op in enumerate(graph.operators):
+        terms, _ = op.terms
+        acts = [k for k, p in enumerate(op.param_names) if p is None]
+        for k in acts:
+            if (i, k) in fed or "b" not in terms[k]:
+                continue                      # produced by an operator, or not batched: no input
+            kept = k in op.saved_operands or (i in first_of_unit and k == acts[0])
+            if kept and problem.configs[i][a[i]].shards(terms[k], shape) == 1:
+                shared += op.operands[k].nbytes
+    return max(float(graph.input_bytes) - shared, 0.0)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

@@ -21,7 +21,7 @@ from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
-from .planner import MeshProblem, build_problem, transient_bytes
+from .planner import MeshProblem, build_problem, replicate_held_bytes, step_input_bytes, transient_bytes
 from .space import SearchSpace, distinct_meshes
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
@@ -456,7 +456,8 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
-    totals["transient_bytes"] = float(transient_bytes(problem, a)[0])
+    totals["transient_bytes"] = float(transient_bytes(problem, a, replicate_held_bytes(problem, graph, a))[0])
+    totals["input_bytes"] = step_input_bytes(problem, graph, a)
     tr = ctx.cost_model.training
     summary = summarize(graph, problem, a)
     if problem.zero_stage:

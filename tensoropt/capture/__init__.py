@@ -244,4 +244,5 @@ def capture(model: nn.Module, inputs: tuple, *, name: str | None = None) -> OpGr
            for n, o in zip(names, b.ops)]
     return OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
                    blocks=_blocks(model, ops, b.edges), batch_size=batch_size,
-                   unsupported=tuple(b.unsupported))
+                   unsupported=tuple(b.unsupported),
+                   input_bytes=sum(t.numel() * t.element_size() for t in flat))

@@ -75,5 +75,8 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
                 return None
             ops.append(replace(op, flops_fwd=affine(o1.flops_fwd, o2.flops_fwd, b),
                                flops_bwd=affine(o1.flops_bwd, o2.flops_bwd, b), saved_extra_bytes=int(extra)))
-        return replace(g1, operators=tuple(ops), batch_size=b)
+        inputs = affine(g1.input_bytes, g2.input_bytes, b)
+        if inputs < 0 or not float(inputs).is_integer():
+            return None
+        return replace(g1, operators=tuple(ops), batch_size=b, input_bytes=int(inputs))
     return at
