@@ -45,8 +45,10 @@ NOTES = [
     "overall.*.loadavg_1min_during_timing (other jobs on the machine inflate wall time over process CPU "
     "time, and the wall-time compute_scale absorbs that contention). The CPU-time metric "
     "(calibration_cpu_time) is far less sensitive to it but excludes time spent waiting in collectives.",
-    "Predicted memory is Plan.peak_memory_bytes: resident state and saved activations plus the backward "
-    "pass's rise above them (planner.transient_bytes).",
+    "Predicted memory is Plan.peak_memory_bytes: resident state and saved activations, the backward "
+    "pass's rise above them (planner.transient_bytes: gradients in flight, fresh parameter gradients, "
+    "FSDP2 replicate's parameter copy and unreduced gradients, layout moves' buffers) and the input batch "
+    "every rank is handed. The memory_calibration terms predate these and no longer improve held-out pairs.",
     "Split: per (model, world), pairs sorted by predicted time alternate train/test; the calibration is fitted "
     "on train and evaluated on test ('calibrated.test'); step_calibration.json is refitted on all pairs.",
     "The collective_calls feature counts data-parallel gradient reductions per bucket (one per layers.<i> "
@@ -327,12 +329,14 @@ def main() -> None:
             "time": "median over timed steps of the slowest rank's wall time of loss=model(*batch); "
                     "loss.backward(); Adam step; zero_grad(set_to_none=False); barrier before each step; "
                     "IQR as spread",
-            "memory": "tensoropt.apply.peak_memory: torch.distributed._tools.MemTracker peak of live tensor "
-                      "storage over one whole step (forward, backward, optimizer), model and optimizer tracked, "
-                      "max over ranks; excludes allocator fragmentation and gloo's C++ buffers",
+            "memory": "tensoropt.apply.step_peak_memory: torch.distributed._tools.MemTracker peak of live "
+                      "tensor storage over one whole step (forward, backward, Adam step, "
+                      "zero_grad(set_to_none=False)) begun with gradients and optimizer state resident, model "
+                      "and optimizer tracked, max over ranks; excludes allocator fragmentation and gloo's C++ "
+                      "buffers",
             "predicted": "tensoropt.frontier(model, 'cpu:N', inputs=..., profile=PROFILE): Plan.time_s, "
-                         "Plan.peak_memory_bytes (resident state and saved activations, plus the backward "
-                         "pass's rise above them)",
+                         "Plan.peak_memory_bytes (resident state and saved activations, the backward "
+                         "pass's rise above them, the input batch)",
             "calibration": "tensoropt.validate.fit (see step_calibration.json)",
         },
     }
