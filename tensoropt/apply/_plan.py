@@ -123,7 +123,7 @@ class OpLayout:
     want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
     grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
     out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
-    execution: str = "local"                # "local", "sync_batch_norm" or "dtensor" (DTensor's own rule)
+    execution: str = "local"                # "local", or "sync_batch_norm" (statistics over a split batch)
 
 
 @dataclass
@@ -212,13 +212,10 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
             if s is not None and s not in op.splittable:
                 raise PlanNotApplicable(f"operator {op.name}: config {cfg} splits label {s!r} on mesh "
                                         f"axis m{a}, which the operator cannot split ({op.equation})")
-        if len(op.aten) != 1:
-            if all(s is None for s in cfg.splits):
-                execution = "dtensor"
-            else:
-                raise PlanNotApplicable(
-                    f"operator {op.name} ({op.module_type or op.family}) groups {len(op.aten)} aten ops "
-                    f"{op.aten}; the apply layer lays out single-op operators only (config {cfg})")
+        if len(op.aten) != 1 and any(s is not None for s in cfg.splits):
+            raise PlanNotApplicable(
+                f"operator {op.name} ({op.module_type or op.family}) groups {len(op.aten)} aten ops "
+                f"{op.aten}; the apply layer lays out single-op operators only (config {cfg})")
         base = aten_base(op.aten[0]) if op.aten else op.name
         execution = "sync_batch_norm" if splits_batch_statistics(op, cfg) else "local"
         if base == "embedding" and any(s is not None and s in contracted for s in cfg.splits) and \
@@ -513,12 +510,6 @@ class _Runner:
             raise PlanNotApplicable(f"operator {op.name}: captured with {len(op.terms)} tensor operands "
                                     f"({op.terms}), called with {len(idx)}")
         mesh = self.mesh
-        if op.execution == "dtensor":
-            for j, k in enumerate(idx):
-                flat[k] = self._as_dtensor(flat[k]).redistribute(mesh, [_to_placement(p) for p in op.want[j]])
-            a2, k2 = tree_unflatten(flat, spec)
-            out = func(*a2, **k2)
-            return out.redistribute(mesh, [_to_placement(p) for p in op.out])
         gathered: list[tuple[int, torch.Tensor, list[Placement]]] = []
         for j, k in enumerate(idx):
             src = flat[k]
