@@ -217,15 +217,20 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered)
 
 
-def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:
-    total = 0.0
+def _axis_moves(nbytes: float, have, want, mesh: Mesh):
+    """Per mesh axis of more than one device: ``(axis, size, bytes it moves, have, want)``;
+    the other axes' sharding divides what this axis moves."""
     for a, (h, w) in enumerate(zip(have, want)):
         p = mesh.shape[a]
         if p == 1:
             continue
-        # The other axes' sharding divides what this axis moves.
         others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
-        n = nbytes / others
+        yield a, p, nbytes / others, h, w
+
+
+def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:
+    total = 0.0
+    for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
         hs, ws = h.startswith("S"), w.startswith("S")
         if h == "R" and ws:
             total += col.time_s("all_gather", n, mesh, a)                      # backward
@@ -283,12 +288,7 @@ def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) ->
     from .mesh import CPU_LINK_NAME
 
     most = 0.0
-    for a, (h, w) in enumerate(zip(have, want)):
-        p = mesh.shape[a]
-        if p == 1:
-            continue
-        others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
-        n = nbytes / others
+    for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
         hs, ws = h.startswith("S"), w.startswith("S")
         if h == "R" and ws:
             most = max(most, n + n / p)
