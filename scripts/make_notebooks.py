@@ -115,7 +115,8 @@ plt.show()
     code("""
 plan = f.best(memory_budget=MEMORY_BUDGET)
 print(plan)
-print(f"budget {parse_bytes(MEMORY_BUDGET) / 2**30:.3f} GiB, plan {plan.memory_bytes / 2**30:.3f} GiB per device")
+print(f"budget {parse_bytes(MEMORY_BUDGET) / 2**30:.3f} GiB, plan {plan.memory_bytes / 2**30:.3f} GiB per device "
+      f"at the end of forward, {plan.peak_memory_bytes / 2**30:.3f} GiB at its peak in backward")
 """),
     md("""
 `describe()` lists every operator: its configuration (per mesh axis the dimension split

@@ -81,13 +81,13 @@ def run_each(items, run, describe) -> None:
     dist.destroy_process_group()
 
 
-def finish_worker() -> None:
+def finish_worker(code: int = 0) -> None:
     """End a worker whose results are printed and whose process group is gone, without
     interpreter teardown, where gloo's threads can abort the process ("terminate called
     without an active exception") and turn a finished run into a failed launch."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def run_torchrun(script: str | os.PathLike, args: list[str] | tuple[str, ...] = (), *, nproc: int = 2,

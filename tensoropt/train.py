@@ -133,4 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tensoropt.launch import finish_worker
+
+    finish_worker(main())       # no interpreter teardown after gloo: it can abort a finished run

@@ -57,7 +57,10 @@ def parse_bytes(x: int | float | str) -> int:
 
 
 def format_bytes(n: int | float) -> str:
-    """Bytes as GiB with two decimals, e.g. ``'74.51 GiB'``."""
+    """Bytes as GiB with two decimals, e.g. ``'74.51 GiB'``; below 0.1 GiB as MiB
+    (``'3.25 MiB'``), where two decimals of a GiB would read as nothing."""
+    if abs(n) < 0.1 * _BYTES_PER_GIB:
+        return f"{n / 2**20:.2f} MiB"
     return f"{n / _BYTES_PER_GIB:.2f} GiB"
 
 

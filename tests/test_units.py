@@ -37,5 +37,6 @@ def test_parse_bytes_rejects_non_positive_and_odd_types(bad):
 def test_format_bytes_and_time():
     assert format_bytes(2**30) == "1.00 GiB"
     assert format_bytes(80 * 10**9) == "74.51 GiB"
+    assert format_bytes(3.25 * 2**20) == "3.25 MiB"          # small plans stay readable
     assert format_time(0.0125) == "12.50 ms"
     assert format_time(2.5) == "2.50 s"

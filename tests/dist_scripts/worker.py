@@ -239,7 +239,7 @@ def run_case(case: str, measure: bool) -> dict:
     return res
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", required=True, help="comma-separated case names")
     ap.add_argument("--measure", default="", help="comma-separated cases to also measure")
@@ -260,9 +260,8 @@ def main() -> None:
             emit_result(res)
         dist.barrier()
     dist.destroy_process_group()
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
-    finish_worker()
+    finish_worker(main())
