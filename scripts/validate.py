@@ -239,7 +239,8 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,gpt,llama,cnn,gpt-wide")
     ap.add_argument("--world", default="2", help="comma-separated world sizes")
     ap.add_argument("--profile", default="data/profiles/cpu-2core.json")
-    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=40,
+                    help="timed steps per plan (per-step spread on a shared 2-core machine is 10-30 %%)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-plans", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=900)
@@ -332,8 +333,8 @@ def main() -> None:
             "memory": "tensoropt.apply.step_peak_memory: torch.distributed._tools.MemTracker peak of live "
                       "tensor storage over one whole step (forward, backward, Adam step, "
                       "zero_grad(set_to_none=False)) begun with gradients and optimizer state resident, model "
-                      "and optimizer tracked, max over ranks; excludes allocator fragmentation and gloo's C++ "
-                      "buffers",
+                      "and optimizer tracked, median of three steps per rank, max over ranks; excludes allocator "
+                      "fragmentation and gloo's C++ buffers",
             "predicted": "tensoropt.frontier(model, 'cpu:N', inputs=..., profile=PROFILE): Plan.time_s, "
                          "Plan.peak_memory_bytes (resident state and saved activations, the backward "
                          "pass's rise above them, the input batch)",

@@ -106,6 +106,7 @@ class NodeCost:
     # largest activation input, its parameters' fresh gradients before they are added to the
     # kept ones, and under ZeRO-3 its gathered parameters and their gradient.
     transient_bytes: float = 0.0
+    output_bytes: float = 0.0  # its output on this device (what the output's gradient takes)
 
     @property
     def time_s(self) -> float:
@@ -214,7 +215,8 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                    for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None), default=0.0)
     if any(".cross_entropy_loss" in a for a in op.aten):
         grad_in *= 2        # backward through nll_loss, then log_softmax: two gradients of the logits
-    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered)
+    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
+                    grad_out)
 
 
 def _axis_moves(nbytes: float, have, want, mesh: Mesh):

@@ -46,6 +46,7 @@ class MeshProblem:
     activation_factor: float = 1.0                # micro-batches of activations held (pipeline stages)
     accumulates: bool = False                     # gradients accumulate over micro-batches (pipeline stages)
     edge_transients: tuple = ()                   # (src, dst, K_src x K_dst bytes): layout moves' backward buffers
+    skips: tuple = ()                             # (src, last consumer) where that is not src + 1
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -58,6 +59,13 @@ class MeshProblem:
         extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
         trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
         return act, trans
+
+
+def _skips(graph: OpGraph) -> tuple[tuple[int, int], ...]:
+    last: dict[int, int] = {}
+    for e in graph.edges:
+        last[e.src] = max(last.get(e.src, e.dst), e.dst)
+    return tuple((s, d) for s, d in sorted(last.items()) if d > s + 1)
 
 
 def owners(graph: OpGraph) -> list[bool]:
@@ -149,7 +157,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
-                       activation_factor, accumulates, tuple(edge_transients))
+                       activation_factor, accumulates, tuple(edge_transients), _skips(graph))
 
 
 def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: np.ndarray | None = None) -> np.ndarray:
@@ -174,6 +182,11 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
     act_of, trans_of = problem.backward_tables
     act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
     trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
+    # An output used again further on (a residual, q/k/v from one norm) keeps its gradient,
+    # summed over the users done so far, from its last user's backward until its own.
+    for src, last in problem.skips:
+        grad = np.array([c.output_bytes for c in problem.node_costs[src]])[a[:, src]]
+        trans[:, src + 1:last] += grad[:, None]
     moves = np.zeros_like(trans)                   # after dst's backward, before src's
     for src, dst, table in problem.edge_transients:
         moves[:, dst] = np.maximum(moves[:, dst], table[a[:, src], a[:, dst]])

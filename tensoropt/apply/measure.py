@@ -22,7 +22,7 @@ passed in ``track`` (``MemTracker.track_external``) and otherwise only once touc
 ``step_peak_memory(forward_backward, optimizer, *track)``: the peak of one whole training step
 in the scope ``Plan.peak_memory_bytes`` predicts -- forward and backward, the optimizer step
 and ``zero_grad(set_to_none=False)``, begun with parameters, gradients and optimizer state
-resident (an unmeasured step first makes them so). Loops that drop gradients between steps
+resident (an unmeasured step first makes them so); the median of three such steps. Loops that drop gradients between steps
 (``set_to_none=True``, PyTorch's default) peak lower, by up to the gradients' bytes.
 """
 
@@ -198,9 +198,12 @@ def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True) -
 
 
 def step_peak_memory(forward_backward: Callable[[], Any], optimizer: torch.optim.Optimizer, *track: Any,
-                     modules: bool = True) -> dict[str, Any]:
-    """Peak of one training step with gradients kept between steps (see the module docstring);
-    runs two steps of ``optimizer`` on the model."""
+                     modules: bool = True, repeats: int = 3) -> dict[str, Any]:
+    """Peak of one training step with gradients kept between steps (see the module docstring):
+    the median over ``repeats`` measured steps (``"peak_bytes_each"`` lists them), after one
+    unmeasured step. On CPU a step's peak can differ by one buffer from run to run: gloo's
+    background thread releases a collective's tensors when the collective completes, which
+    is not always before the next allocation."""
     def step():
         loss = forward_backward()
         optimizer.step()
@@ -208,4 +211,8 @@ def step_peak_memory(forward_backward: Callable[[], Any], optimizer: torch.optim
         return loss
 
     step()
-    return peak_memory(step, *track, optimizer, modules=modules)
+    runs = [peak_memory(step, *track, optimizer, modules=modules) for _ in range(max(1, repeats))]
+    runs_sorted = sorted(runs, key=lambda r: r["peak_bytes"])
+    out = dict(runs_sorted[(len(runs) - 1) // 2])
+    out["peak_bytes_each"] = [r["peak_bytes"] for r in runs]
+    return out
