@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass
 from .costmodel import TrainingConfig
 from .opgraph import OpGraph
 from .plan import Plan
-from .strategy import OpConfig, label_sizes, term_placements
+from .execution import batch_statistics_axes, batch_statistics_bytes
+from .strategy import OpConfig, term_placements
 
 __all__ = ["Collective", "predicted_collectives", "summarize", "compare"]
 
@@ -95,13 +96,11 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
                 if zero == 3:
                     out.append(Collective("all_gather", axis, bp * local, "backward", f"param {pname}"))
     for op, cfg in zip(graph.operators, cfgs):
-        if op.family == "norm" and "BatchNorm" in (op.module_type or "") and len(op.terms[0][0]) > 1:
-            c = op.terms[0][0][1]
-            stats = 2 * 4 * label_sizes(op).get(c, 1) / cfg.shards(c, shape)
-            for a, s in enumerate(cfg.splits):
-                if s == "b" and shape[a] > 1:
-                    out.append(Collective("all_reduce", a, stats, "forward", f"batch statistics of {op.name}"))
-                    out.append(Collective("all_reduce", a, stats, "backward", f"statistics gradients of {op.name}"))
+        stats = batch_statistics_bytes(op, cfg, shape)
+        for a in batch_statistics_axes(op, cfg):
+            if shape[a] > 1:
+                out.append(Collective("all_reduce", a, stats, "forward", f"batch statistics of {op.name}"))
+                out.append(Collective("all_reduce", a, stats, "backward", f"statistics gradients of {op.name}"))
     for e in graph.edges:
         src, dst = graph.operators[e.src], graph.operators[e.dst]
         s_terms, s_out = src.terms

@@ -7,7 +7,7 @@ Time (seconds, one forward + backward, no overlap assumed):
   some label; an axis that splits nothing repeats the work);
 * parameter-gradient all-reduce — a parameter replicated along an axis over which the
   operator splits another label (batch, say) ends the step with partial gradients there;
-* re-layout on every edge (:func:`edge_cost_table`), per mesh axis, producer output
+* re-layout on every edge (:func:`edge_tables`), per mesh axis, producer output
   placement → consumer operand placement, forward and backward:
 
   ===============  =======================  ======================================
@@ -42,11 +42,12 @@ from functools import lru_cache
 import numpy as np
 
 from .collectives import CollectiveModel
+from .execution import batch_statistics_axes, batch_statistics_bytes
 from .compute import ComputeModel, default_compute_model
 from .hardware import Device
-from .mesh import Mesh
+from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
-from .strategy import OpConfig, label_sizes, term_placements
+from .strategy import OpConfig, term_placements
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
 
@@ -194,14 +195,10 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                 gathers = 2 if zero_stage == 3 else 1
                 comm += (cm.collectives.time_s("reduce_scatter", bg * local_numel, mesh, axis)
                          + gathers * cm.collectives.time_s("all_gather", bp * local_numel, mesh, axis))
-    if op.family == "norm" and "BatchNorm" in op.module_type:
-        # Batch statistics over a split batch are synchronised (SyncBatchNorm): per local
-        # channel the sums of x and x^2 all-reduced forward, of dy and dy*xhat backward.
-        channels = label_sizes(op).get(terms[0][1], 1) / cfg.shards(terms[0][1], shape) if len(terms[0]) > 1 else 1
-        stats_bytes = 2 * channels * 4
-        for axis, s in enumerate(cfg.splits):
-            if s == "b":
-                comm += 2 * cm.collectives.time_s("all_reduce", stats_bytes, mesh, axis)
+    # Batch statistics over a split batch are synchronised (SyncBatchNorm): per local channel
+    # the sums of x and x^2 all-reduced forward, of dy and dy*xhat backward.
+    for axis in batch_statistics_axes(op, cfg):
+        comm += 2 * cm.collectives.time_s("all_reduce", batch_statistics_bytes(op, cfg, shape), mesh, axis)
     act = 0.0
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
@@ -255,9 +252,26 @@ def _dim_placement(p: str) -> int | None:
     return int(p[2:-1]) if p.startswith("S(") else None
 
 
-def edge_cost_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
-                    dst_cfgs: list[OpConfig], mesh: Mesh) -> np.ndarray:
-    """``(K_src, K_dst, 2)`` table of (time_s, memory_bytes) for one edge."""
+def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> float:
+    """What the backward of a layout move holds (the largest over the axes, which move one
+    after another): the local gradient and, for the gradient of a slice, that gradient
+    gathered whole; for an all-to-all one more local-size buffer, or on gloo, which has none,
+    the whole tensor gathered and the chunks it keeps concatenated (two whole-tensor buffers)."""
+    most = 0.0
+    for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
+        hs, ws = h.startswith("S"), w.startswith("S")
+        if h == "R" and ws:
+            most = max(most, n + n / p)
+        elif hs and ws and not aligned[a]:
+            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
+    return most
+
+
+def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
+                dst_cfgs: list[OpConfig], mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """For one edge: the ``(K_src, K_dst, 2)`` table of (time_s, memory_bytes) the engine adds
+    up, and the ``(K_src, K_dst)`` bytes the layout move's backward holds
+    (:func:`_relayout_transient_bytes`)."""
     src, dst = graph.operators[edge.src], graph.operators[edge.dst]
     s_terms, s_out = src.terms
     contracted = "".join(c for t in s_terms for c in t if c not in s_out)
@@ -270,54 +284,17 @@ def edge_cost_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[Op
     partial = [tuple(s is not None and s not in d_term for s in c.splits) for c in dst_cfgs]
     h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}
     w_keys = {w: i for i, w in enumerate(dict.fromkeys(zip(want, partial)))}
-    unique = np.zeros((len(h_keys), len(w_keys)))
+    times = np.zeros((len(h_keys), len(w_keys)))
+    held = np.zeros((len(h_keys), len(w_keys)))
     for h, i in h_keys.items():
         for (w, gp), j in w_keys.items():
             aligned = tuple(_aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
-            unique[i, j] = cm.redistribute_s(nbytes, h, w, aligned, gp, mesh)
-    rows = np.array([h_keys[h] for h in have])
-    cols = np.array([w_keys[k] for k in zip(want, partial)])
+            times[i, j] = cm.redistribute_s(nbytes, h, w, aligned, gp, mesh)
+            held[i, j] = _relayout_transient_bytes(nbytes, h, w, aligned, mesh)
+    pick = np.ix_([h_keys[h] for h in have], [w_keys[k] for k in zip(want, partial)])
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
-    table[..., 0] = unique[np.ix_(rows, cols)]
-    return table
-
-
-def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> float:
-    """What the backward of a layout move holds (the largest over the axes, which move one
-    after another): the local gradient and, for the gradient of a slice, that gradient
-    gathered whole; for an all-to-all one more local-size buffer, or on gloo, which has none,
-    the whole tensor gathered and the chunks it keeps concatenated (two whole-tensor buffers)."""
-    from .mesh import CPU_LINK_NAME
-
-    most = 0.0
-    for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
-        hs, ws = h.startswith("S"), w.startswith("S")
-        if h == "R" and ws:
-            most = max(most, n + n / p)
-        elif hs and ws and not aligned[a]:
-            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
-    return most
-
-
-def edge_transient_table(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
-                         dst_cfgs: list[OpConfig], mesh: Mesh) -> np.ndarray:
-    """``(K_src, K_dst)``: :func:`_relayout_transient_bytes` of the edge's tensor."""
-    src, dst = graph.operators[edge.src], graph.operators[edge.dst]
-    s_terms, s_out = src.terms
-    contracted = "".join(c for t in s_terms for c in t if c not in s_out)
-    d_term = dst.terms[0][edge.operand]
-    spec = dst.operands[edge.operand]
-    nbytes = spec.nbytes * cm._scale(spec)
-    have = [term_placements(c, s_out, contracted) for c in src_cfgs]
-    want = [term_placements(c, d_term) for c in dst_cfgs]
-    h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}
-    w_keys = {w: i for i, w in enumerate(dict.fromkeys(want))}
-    unique = np.zeros((len(h_keys), len(w_keys)))
-    for h, i in h_keys.items():
-        for w, j in w_keys.items():
-            aligned = tuple(_aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
-            unique[i, j] = _relayout_transient_bytes(nbytes, h, w, aligned, mesh)
-    return unique[np.ix_([h_keys[h] for h in have], [w_keys[w] for w in want])]
+    table[..., 0] = times[pick]
+    return table, held[pick]
 
 
 def _aligned(have: str, want: str, dim_map: tuple[int | None, ...]) -> bool:

@@ -1,9 +1,9 @@
 """How the apply layer will run a plan, decided from the graph and configurations alone.
 
 Both sides need the answer: ``tensoropt.apply`` picks its execution from it, and the cost
-model prices the memory that execution really holds (FSDP2's ``replicate`` keeps an unsharded
-copy of each group's parameters and gradients that DTensor execution does not). Kept free of
-torch so the planner can use it.
+model prices what that execution really holds and sends (FSDP2's ``replicate`` keeps an
+unsharded copy of the parameters and gradients that DTensor execution does not; a BatchNorm
+over a split batch all-reduces its statistics). Kept free of torch so the planner can use it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from .opgraph import OpGraph, Operator
-from .strategy import OpConfig
+from .strategy import OpConfig, label_sizes
 
-__all__ = ["aten_base", "splits_batch_statistics", "data_axes", "runs_replicated"]
+__all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated"]
 
 _BATCH_STAT_NORMS = ("batch_norm",)
 
@@ -24,14 +24,24 @@ def aten_base(aten: str) -> str:
     return parts[1] if len(parts) >= 2 else parts[0]
 
 
-def splits_batch_statistics(op: Operator, cfg: OpConfig) -> bool:
-    """A BatchNorm whose configuration splits a dimension its statistics reduce over (batch or
-    spatial): local execution would compute per-shard statistics, so it runs on DTensor."""
+def batch_statistics_axes(op: Operator, cfg: OpConfig) -> tuple[int, ...]:
+    """Mesh axes over which a BatchNorm's configuration splits a dimension its statistics
+    reduce over (batch or spatial); () for any other operator. Over these axes the apply
+    layer all-reduces the per-channel sums (``apply._sync_batch_norm``) and the cost model
+    prices that."""
     base = aten_base(op.aten[0]) if op.aten else op.name
     if base not in _BATCH_STAT_NORMS:
-        return False
+        return ()
     first = op.terms[0][0]
-    return any(s is not None and s in first and first.index(s) != 1 for s in cfg.splits)
+    return tuple(a for a, s in enumerate(cfg.splits) if s is not None and s in first and first.index(s) != 1)
+
+
+def batch_statistics_bytes(op: Operator, cfg: OpConfig, mesh_shape: Sequence[int]) -> float:
+    """Bytes of one such all-reduce: two fp32 sums per channel on this device."""
+    first = op.terms[0][0]
+    channels = label_sizes(op).get(first[1], 1) / cfg.shards(first[1], mesh_shape) if len(first) > 1 else 1
+    return 2 * 4 * channels
+
 
 
 def _is_data_axis(graph: OpGraph, cfgs: Sequence[OpConfig], axis: int) -> bool:
@@ -57,11 +67,11 @@ def data_axes(graph: OpGraph, cfgs: Sequence[OpConfig], mesh_shape: Sequence[int
 def runs_replicated(graph: OpGraph, cfgs: Sequence[OpConfig], mesh_shape: Sequence[int]) -> bool:
     """Whether the apply layer runs the plan with FSDP2 (``replicate`` / ``fully_shard`` on the
     whole model, the batch split per rank) rather than operator by operator on DTensor: every
-    axis is data-parallel and no operator needs DTensor's own rule."""
+    axis is data-parallel and no BatchNorm needs statistics over the whole batch."""
     sizes = [n for n in mesh_shape if n > 1]
     if not sizes:
         return True
     dp = data_axes(graph, cfgs, mesh_shape)
     if len(dp) != len(sizes):
         return False
-    return not any(splits_batch_statistics(op, c) for op, c in zip(graph.operators, cfgs))
+    return not any(batch_statistics_axes(op, c) for op, c in zip(graph.operators, cfgs))

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .costmodel import CostModel, NodeCost, edge_cost_table, edge_transient_table
+from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
 from .execution import runs_replicated
 from .mesh import Mesh
@@ -52,13 +52,14 @@ class MeshProblem:
         return len(self.configs) + unit
 
     @cached_property
-    def backward_tables(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        """Per operator, per configuration: saved activation bytes (one micro-batch) and the
-        transient its backward adds (see :func:`transient_bytes`)."""
+    def backward_tables(self) -> tuple[tuple[np.ndarray, ...], ...]:
+        """Per operator, per configuration: saved activation bytes (one micro-batch), the
+        transient its backward adds, and its output's bytes (see :func:`transient_bytes`)."""
         act = tuple(np.array([c.activation_bytes for c in costs]) for costs in self.node_costs)
         extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
         trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
-        return act, trans
+        out = tuple(np.array([c.output_bytes for c in costs]) for costs in self.node_costs)
+        return act, trans, out
 
 
 def _skips(graph: OpGraph) -> tuple[tuple[int, int], ...]:
@@ -121,9 +122,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     for e in graph.edges:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
         if key not in edge_cache:
-            cfg_pair = (list(configs[e.src]), list(configs[e.dst]))
-            edge_cache[key] = (edge_cost_table(cost_model, graph, e, *cfg_pair, mesh),
-                               edge_transient_table(cost_model, graph, e, *cfg_pair, mesh))
+            edge_cache[key] = edge_tables(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
         table, moved = edge_cache[key]
         edges.append((e.src, e.dst, table))
         if moved.any():
@@ -179,14 +178,13 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
     n, n_ops = len(a), len(problem.configs)
     if not n_ops:
         return np.zeros(n)
-    act_of, trans_of = problem.backward_tables
+    act_of, trans_of, out_of = problem.backward_tables
     act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
     trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
     # An output used again further on (a residual, q/k/v from one norm) keeps its gradient,
     # summed over the users done so far, from its last user's backward until its own.
     for src, last in problem.skips:
-        grad = np.array([c.output_bytes for c in problem.node_costs[src]])[a[:, src]]
-        trans[:, src + 1:last] += grad[:, None]
+        trans[:, src + 1:last] += out_of[src][a[:, src]][:, None]
     moves = np.zeros_like(trans)                   # after dst's backward, before src's
     for src, dst, table in problem.edge_transients:
         moves[:, dst] = np.maximum(moves[:, dst], table[a[:, src], a[:, dst]])

@@ -50,7 +50,7 @@ import dataclasses
 import functools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,7 +62,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
-from ..execution import aten_base, data_axes, runs_replicated, splits_batch_statistics
+from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replicated
 from ..opgraph import OpGraph
 from ..plan import Plan
 from ..strategy import OpConfig, term_placements
@@ -89,6 +89,8 @@ _ALIASES = {
     "sum": {"sum"},
 }
 _MEAN_REDUCTIONS = ("mean",)
+
+
 def _func_name(func) -> str:
     name = getattr(func, "__name__", "")
     if not name and hasattr(func, "__func__"):
@@ -123,7 +125,7 @@ class OpLayout:
     want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
     grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
     out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
-    execution: str = "local"                # "local", or "sync_batch_norm" (statistics over a split batch)
+    batch_axes: tuple[int, ...] = ()        # BatchNorm: axes its statistics are all-reduced over
 
 
 @dataclass
@@ -134,7 +136,6 @@ class PlanLayout:
     param_placements: dict[str, tuple[str, ...]]
     data_axes: tuple[int, ...]
     mode: str                               # "replicate" (all axes data-parallel) or "dtensor"
-    notes: list[str] = field(default_factory=list)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -204,7 +205,6 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
     params = dict(model.named_parameters(remove_duplicate=False))
     ops: list[OpLayout] = []
     pplace: dict[str, tuple[str, ...]] = {}
-    notes: list[str] = []
     for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
         terms, out = op.terms
         contracted = "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
@@ -217,7 +217,6 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
                 f"operator {op.name} ({op.module_type or op.family}) groups {len(op.aten)} aten ops "
                 f"{op.aten}; the apply layer lays out single-op operators only (config {cfg})")
         base = aten_base(op.aten[0]) if op.aten else op.name
-        execution = "sync_batch_norm" if splits_batch_statistics(op, cfg) else "local"
         if base == "embedding" and any(s is not None and s in contracted for s in cfg.splits) and \
                 sum(1 for s in cfg.splits if s is not None and s in contracted) > 1:
             raise PlanNotApplicable(f"operator {op.name}: vocabulary split over several mesh axes ({cfg})")
@@ -242,7 +241,7 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
                                      f"split {n} ways on dim {d} (plan placements {w})")
         names = frozenset(_ALIASES.get(base, {base}))
         ops.append(OpLayout(i, op.name, op.module, op.family, base, names, cfg, tuple(terms), out,
-                            contracted, tuple(op.param_names), want, gp, outp, execution))
+                            contracted, tuple(op.param_names), want, gp, outp, batch_statistics_axes(op, cfg)))
     dp_axes = data_axes(graph, cfgs, plan.mesh_shape)
     mode = "replicate" if runs_replicated(graph, cfgs, plan.mesh_shape) else "dtensor"
     recompute = tuple(getattr(plan, "recompute", ()) or ())
@@ -251,7 +250,7 @@ def plan_layout(plan: Plan, model: nn.Module, graph: OpGraph | None = None) -> P
             model.get_submodule(fqn)
         except AttributeError:
             raise ValueError(f"plan recomputes module {fqn!r}, which the model does not have") from None
-    return PlanLayout(plan, graph, ops, pplace, dp_axes, mode, notes)
+    return PlanLayout(plan, graph, ops, pplace, dp_axes, mode)
 
 
 # ---------------------------------------------------------------------------------- apply
@@ -532,9 +531,8 @@ class _Runner:
         with _regather_saved(gathered, mesh):
             if op.base == "embedding" and any(s is not None and s in op.contracted for s in op.config.splits):
                 out = self._vocab_split_embedding(op, func, a2, k2)
-            elif op.execution == "sync_batch_norm":
-                axes = [a for a, s in enumerate(op.config.splits) if s is not None and s in op.terms[0]
-                        and op.terms[0].index(s) != 1 and self.mesh.shape[a] > 1]
+            elif op.batch_axes:
+                axes = [a for a in op.batch_axes if self.mesh.shape[a] > 1]
                 out = sync_batch_norm(func, a2, k2, [self.mesh.get_group(a) for a in axes],
                                       math.prod(self.mesh.shape[a] for a in axes))
             else:

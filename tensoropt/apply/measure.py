@@ -22,8 +22,9 @@ passed in ``track`` (``MemTracker.track_external``) and otherwise only once touc
 ``step_peak_memory(forward_backward, optimizer, *track)``: the peak of one whole training step
 in the scope ``Plan.peak_memory_bytes`` predicts -- forward and backward, the optimizer step
 and ``zero_grad(set_to_none=False)``, begun with parameters, gradients and optimizer state
-resident (an unmeasured step first makes them so); the median of three such steps. Loops that drop gradients between steps
-(``set_to_none=True``, PyTorch's default) peak lower, by up to the gradients' bytes.
+resident (an unmeasured step first makes them so); the median of three such steps. Loops
+that drop gradients between steps (``set_to_none=True``, PyTorch's default) peak lower, by up
+to the gradients' bytes.
 """
 
 from __future__ import annotations

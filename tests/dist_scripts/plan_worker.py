@@ -140,7 +140,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     parallelize(model, plan, graph=graph)
     layout = model._tensoropt_plan_layout
     res = {"case": case, "world": world, "plan": plan.summary, "label": plan.label, "mesh": list(plan.mesh_shape),
-           "mode": layout.mode, "notes": layout.notes, "predicted_memory_bytes": plan.memory_bytes,
+           "mode": layout.mode, "predicted_memory_bytes": plan.memory_bytes,
            "predicted_peak_bytes": plan.peak_memory_bytes}
 
     def step():
