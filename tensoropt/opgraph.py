@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _ITEMSIZE = {
+    "complex128": 16, "complex64": 8, "complex32": 4,
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 }
@@ -66,6 +67,10 @@ class Operator:
     module: str = ""                   # FQN of the innermost nn.Module that owns it
     module_type: str = ""              # its class name, e.g. "Linear"
     aten: tuple[str, ...] = ()         # the aten ops grouped into this operator
+    # Where it sits in the captured program (``capture.Program``): its nodes in order (a
+    # piece of a split written "name[k]") and, per operand, the node that feeds it.
+    nodes: tuple[str, ...] = ()
+    operand_nodes: tuple[str, ...] = ()
 
     @property
     def terms(self) -> tuple[tuple[str, ...], str]:
@@ -98,6 +103,8 @@ class OpGraph:
     batch_size: int = 1
     unsupported: tuple[str, ...] = field(default=())  # aten ops captured as family "other"
     input_bytes: int = 0               # the step's input tensors (the batch), as fed to the model
+    # The example inputs as JSON (``capture.inputs.input_spec``): what capturing again needs.
+    inputs: dict = field(default_factory=dict, compare=False)
 
     def params(self) -> dict[str, TensorSpec]:
         """Unique parameters by FQN (a tied weight appears once)."""

@@ -78,12 +78,17 @@ import warnings
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_flatten, tree_map
+from typing import Any
+
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..opgraph import OpGraph, Operator
 from ._build import Builder
+from ._program import Program, program_from_export
+from ._blocks import find_blocks, resolve_saved
+from .inputs import batch_size_of, input_spec, loss_of, split_inputs, training_kwargs
 
-__all__ = ["capture", "CaptureError"]
+__all__ = ["capture", "capture_program", "CaptureError", "Program"]
 
 
 class CaptureError(ValueError):
@@ -101,9 +106,7 @@ def _has_meta_state(model: nn.Module) -> bool:
     return False
 
 
-def _prepare_inputs(model: nn.Module, inputs: tuple) -> tuple:
-    if not isinstance(inputs, tuple):
-        inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+def _prepare_inputs(model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     meta = _has_meta_state(model)
     seen: set[int] = set()
 
@@ -126,7 +129,7 @@ def _prepare_inputs(model: nn.Module, inputs: tuple) -> tuple:
             y.requires_grad_(True)
         return y
 
-    return tree_map(conv, inputs)
+    return tree_map(conv, tuple(args)), tree_map(conv, dict(kwargs))
 
 
 def _first_line(e: BaseException) -> str:
@@ -137,11 +140,11 @@ def _first_line(e: BaseException) -> str:
     return type(e).__name__
 
 
-def _export(model: nn.Module, inputs: tuple, name: str):
+def _export(model: nn.Module, args: tuple, kwargs: dict, name: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return torch.export.export(model, inputs, strict=False)
+            return torch.export.export(model, args, kwargs, strict=False)
         except Exception as e:
             first = _first_line(e)
             chain = " ".join(f"{type(x).__name__} {x}" for x in (e, e.__cause__) if x is not None)
@@ -155,7 +158,25 @@ def _export(model: nn.Module, inputs: tuple, name: str):
             raise CaptureError(
                 f"could not capture {name}: the forward raised on the example inputs ({first}). "
                 "Check the inputs' shapes and dtypes against what the model expects (pass example "
-                "inputs of the right shapes); the forward must return the scalar loss.") from e
+                "inputs of the right shapes); the forward must return the loss (a scalar tensor, or "
+                "an output with a .loss such as a Hugging Face ModelOutput given labels).") from e
+
+
+def _check_loss(program: Program, name: str) -> None:
+    out = next(n for n in program.graph.nodes if n.op == "output")
+    flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    try:
+        result = tree_unflatten(flat, program.out_spec)
+    except Exception:  # an output type pytree cannot rebuild: look at the first leaf
+        result = flat[0] if flat else None
+    loss = loss_of(result)
+    val = loss.meta.get("val") if isinstance(loss, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 0:
+        what = "no loss" if loss is None else f"a loss of shape {tuple(val.shape) if val is not None else '?'}"
+        raise CaptureError(
+            f"could not capture {name}: the forward returned {what}. tensoropt plans a training step: the "
+            "forward must return the scalar loss, or an output whose .loss is it (for a Hugging Face model, "
+            "pass labels among the inputs, e.g. inputs={'input_ids': ids, 'labels': ids}).")
 
 
 def _names(ops: list[dict]) -> list[str]:
@@ -183,66 +204,43 @@ def _names(ops: list[dict]) -> list[str]:
     return out
 
 
-def _blocks(model: nn.Module, ops: list[Operator], edges) -> tuple[tuple[int, ...], ...]:
-    cands = [(fqn, m) for fqn, m in model.named_modules()
-             if fqn and isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
-    cands.sort(key=lambda c: (c[0].rsplit(".", 1)[-1] != "layers", c[0].count(".")))
-    into: dict[int, list] = {}
-    for e in edges:
-        into.setdefault(e.dst, []).append(e)
-    for fqn, m in cands:
-        prefixes = [f"{fqn}.{k}" for k, _ in m.named_children()]
-        blocks: list[list[int]] = [[] for _ in prefixes]
-        for i, op in enumerate(ops):
-            for b, p in enumerate(prefixes):
-                if op.module == p or op.module.startswith(p + "."):
-                    blocks[b].append(i)
-                    break
-        if not blocks[0] or any(len(b) != len(blocks[0]) for b in blocks):
-            continue
+def capture(model: nn.Module, inputs: Any, *, name: str | None = None) -> OpGraph:
+    """Capture ``model``'s training step (its forward, returning the loss) as an operator graph.
 
-        def sig(b: int):
-            p = prefixes[b] + "."
-            pos = {i: k for k, i in enumerate(blocks[b])}
-            out = []
-            for i in blocks[b]:
-                op = ops[i]
-                es = tuple(sorted((e.operand, pos.get(e.src, -1), e.dim_map) for e in into.get(i, [])))
-                out.append((op.family, op.equation, op.operands, op.output, op.splittable,
-                            tuple(None if n is None else n.removeprefix(p) for n in op.param_names),
-                            op.module.removeprefix(prefixes[b]), op.aten, op.saved_operands,
-                            op.saved_extra_bytes, op.flops_fwd, op.flops_bwd, es))
-            return out
-
-        s0 = sig(0)
-        if all(sig(b) == s0 for b in range(1, len(blocks))):
-            return tuple(tuple(b) for b in blocks)
-    return ()
-
-
-def capture(model: nn.Module, inputs: tuple, *, name: str | None = None) -> OpGraph:
-    """Capture ``model(*inputs)`` (returning the training loss) as an operator graph.
-
-    Meta-device models are captured on meta inputs (real inputs are converted without
-    touching data); a real model with meta inputs gets zero-filled inputs on its device.
-    The batch size is dim 0 of the first tensor input; every input whose dim 0 has that
-    size is batched along dim 0. Raises :class:`CaptureError` when export fails.
+    ``inputs``: the example inputs, positional (tuple/list, or one tensor) or keyword (a dict:
+    ``{"input_ids": ids, "labels": ids}``). Meta-device models are captured on meta inputs
+    (real inputs are converted without touching data); a real model with meta inputs gets
+    zero-filled inputs on its device. The batch size is dim 0 of the first tensor input; every
+    input whose dim 0 has that size is batched along dim 0. Raises :class:`CaptureError`
+    when export fails or the forward returns no scalar loss.
     """
+    return capture_program(model, inputs, name=name)[0]
+
+
+def capture_program(model: nn.Module, inputs: Any, *, name: str | None = None) -> tuple[OpGraph, Program]:
+    """:func:`capture`, and the flat exported program the graph was built from (which the
+    apply layer runs)."""
     name = name or type(model).__name__
-    inputs = _prepare_inputs(model, inputs)
-    flat = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
-    batch_size = int(flat[0].shape[0]) if flat and flat[0].dim() > 0 else 1
-    ep = _export(model, inputs, name)
-    user_inputs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    args, kwargs = split_inputs(inputs)
+    kwargs = training_kwargs(model, kwargs)
+    args, kwargs = _prepare_inputs(model, args, kwargs)
+    flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    batch_size = batch_size_of(args, kwargs)
+    program = program_from_export(_export(model, args, kwargs, name))
+    _check_loss(program, name)
+    user_inputs = [n.name for n in program.placeholders() if program.input_kinds.get(n.name) == "input"]
     input_rg = {}
-    for s, t in zip(user_inputs, flat):
-        input_rg[s.arg.name] = bool(getattr(t, "requires_grad", False))
-    b = Builder(model, ep, batch_size, input_rg)
+    for n, t in zip(user_inputs, flat):
+        input_rg[n] = bool(getattr(t, "requires_grad", False))
+    b = Builder(model, program, batch_size, input_rg)
     b.run()
     names = _names(b.ops)
     ops = [Operator(name=n, **{k: v for k, v in o.items() if k not in ("short", "leaf")})
            for n, o in zip(names, b.ops)]
-    return OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
-                   blocks=_blocks(model, ops, b.edges), batch_size=batch_size,
-                   unsupported=tuple(b.unsupported),
-                   input_bytes=sum(t.numel() * t.element_size() for t in flat))
+    ops = resolve_saved(model, ops, b.save_claims)
+    graph = OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
+                    blocks=find_blocks(model, ops, b.edges), batch_size=batch_size,
+                    unsupported=tuple(b.unsupported),
+                    input_bytes=sum(t.numel() * t.element_size() for t in flat),
+                    inputs=input_spec(args, kwargs))
+    return graph, program

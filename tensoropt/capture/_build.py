@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch.export.graph_signature import InputKind
 
 from ..opgraph import Edge, TensorSpec
 from . import _rules as R
 from ._probe import ProbeInput, probe, signature
+from ._program import Program
 from ._views import COPYING, SPLIT_VIEWS, VIEW_NAMES, identity, piece_map, view_map
 
 # ---- FLOP estimates for ops torch's flop counter doesn't count (per element) ---------------
@@ -29,6 +29,8 @@ POOL_FLOPS = 1
 LOSS_FLOPS = 4
 #: an embedding lookup is a gather: no arithmetic forward; its backward scatter-adds (1/elem)
 EMBEDDING_FLOPS = 0
+#: real FLOPs per complex element op (a complex multiply, as in a rotary embedding: 4 mul + 2 add)
+COMPLEX_FLOPS = 6
 OTHER_FLOPS = 1
 #: backward/forward FLOP ratio of non-matmul families (the gradient is another pass of
 #: comparable arithmetic). Matmul-like families use the flop counter's backward count instead:
@@ -91,17 +93,17 @@ def module_of(node: fx.Node) -> tuple[str, str, tuple]:
 
 
 class Builder:
-    def __init__(self, model: nn.Module, ep, batch_size: int, input_rg: dict[str, bool]):
+    def __init__(self, model: nn.Module, program: Program, batch_size: int, input_rg: dict[str, bool]):
         self.model = model
-        self.ep = ep
-        self.graph = ep.graph
+        self.program = program
+        self.graph = program.graph
         self.batch_size = batch_size
         self.input_rg = input_rg
         self.vals: dict[fx.Node, object] = {}
         self.ops: list[dict] = []
         self.edges: list[Edge] = []
         self.unsupported: list[str] = []
-        self.claimed: set = set()
+        self.save_claims: list[tuple] = []     # per operator: what autograd saves, by storage
         self._cache: dict = {}
         self._leaf_cache: dict[str, bool] = {}
         canon: dict[int, str] = {}
@@ -134,6 +136,9 @@ class Builder:
         self.kind: dict[fx.Node, str] = {}   # "const" | "view" | "compute" | "skip" | "split"
         for n in self.graph.nodes:
             if n.op == "placeholder":
+                continue
+            if n.op == "get_attr":          # a constant of an inlined region
+                self.kind[n] = "const"
                 continue
             if n.op != "call_function":
                 self.kind[n] = "skip"
@@ -211,7 +216,7 @@ class Builder:
                 root[n] = root.get(a) if a in inrun else None
         exposed = set()
         for n in run:
-            if any(u not in inrun for u in n.users):
+            if any(u not in inrun and self.kind.get(u) != "skip" for u in n.users):
                 r = root[n]
                 if r is not None:
                     exposed.add(r)
@@ -227,20 +232,14 @@ class Builder:
 
     # ---- main walk -------------------------------------------------------------------------
     def run(self) -> None:
-        sig = self.ep.graph_signature
         self.ph_kind: dict[str, str] = {}
         ph_target: dict[str, str] = {}
-        for spec in sig.input_specs:
-            name = getattr(spec.arg, "name", None)
-            if name is None:
-                continue
-            if spec.kind == InputKind.PARAMETER:
+        for name, kind in self.program.input_kinds.items():
+            if kind == "param":
                 self.ph_kind[name] = "param"
-                ph_target[name] = spec.target
-            elif spec.kind == InputKind.USER_INPUT:
-                self.ph_kind[name] = "input"
+                ph_target[name] = self.program.input_targets[name]
             else:
-                self.ph_kind[name] = "const"
+                self.ph_kind[name] = "input" if kind == "input" else "const"
         self.classify()
         self.find_groups()
         for n in self.graph.nodes:
@@ -261,8 +260,23 @@ class Builder:
                     self._split(n)
                 elif k == "bcast":
                     self._bcast(n)
+                elif k == "compute" and self._derived(n):
+                    spec = _spec(n.meta.get("val"))
+                    b = 0 if spec.shape and spec.shape[0] == self.batch_size else None
+                    self.vals[n] = Val("input", spec, bdim=b, store=("in", n.name),
+                                       dim_map=identity(len(spec.shape)))
                 elif k == "compute":
                     self._operator([n], n)
+
+    def _derived(self, n: fx.Node) -> bool:
+        """A parameter-free op of model inputs and constants that needs no gradient (a padding
+        mask, position ids, the shifted labels) is derived input, not an operator: every rank
+        computes it from the batch it is handed, as it does a constant."""
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            return False
+        vals = [self._val(a) for a in n.all_input_nodes]
+        return bool(vals) and all(v is not None and v.kind in ("input", "const") and not v.rg for v in vals) \
+            and any(v.kind == "input" for v in vals)
 
     def _placeholder(self, n: fx.Node, ph_target: dict[str, str]) -> None:
         val = n.meta.get("val")
@@ -321,7 +335,11 @@ class Builder:
         self.vals[n] = self._derive(v, spec, m, copy=copy, node=n,
                                     rg=False if name == "detach" else None)
 
-    def _param_slice(self, n: fx.Node, v: Val, spec: TensorSpec, m: tuple) -> Val:
+    @staticmethod
+    def _source_name(n: fx.Node) -> str:
+        return n.args[0].name
+
+    def _param_slice(self, n: fx.Node, v: Val, spec: TensorSpec, m: tuple, piece: int | None = None) -> Val:
         """A part of a parameter (``pos_emb.weight[:T]``, a chunk of a fused weight) becomes an
         elementwise operator over the whole parameter, so that its full size is accounted."""
         idx = len(self.ops)
@@ -335,8 +353,11 @@ class Builder:
             param_names=(v.param,), output=spec, splittable="".join(x for x in out if x in lab),
             flops_fwd=float(spec.numel * ELEMENTWISE_FLOPS), flops_bwd=float(spec.numel * ELEMENTWISE_FLOPS),
             saved_operands=(), saved_extra_bytes=0, module=mod,
-            module_type=mty or type(self.model).__name__, aten=(aten_name(n),), short=pname(n),
+            module_type=mty or type(self.model).__name__, aten=(aten_name(n),),
+            nodes=(n.name if piece is None else f"{n.name}[{piece}]",), operand_nodes=(self._source_name(n),),
+            short=pname(n),
             leaf=bool(mod) and self._module_info(mod, mty)[1]))
+        self.save_claims.append(())
         return Val("op", spec, op=idx, dim_map=identity(len(spec.shape)), rg=v.rg, store=("op", idx))
 
     @staticmethod
@@ -368,11 +389,11 @@ class Builder:
             self.vals[n] = tuple(Val("interior", _spec(t)) for t in val)
             return
         out = []
-        for t in val:
+        for k, t in enumerate(val):
             spec = _spec(t)
             m = piece_map(pname(n), tuple(n.args), v.spec.shape, spec.shape)
             if v.kind == "param" and spec.numel < v.spec.numel:
-                out.append(self._param_slice(n, v, spec, m))
+                out.append(self._param_slice(n, v, spec, m, piece=k))
             else:
                 out.append(self._derive(v, spec, m, copy=False, node=n))
         self.vals[n] = tuple(out)
@@ -476,7 +497,7 @@ class Builder:
         else:
             saved_raw = tuple(i for i, v in enumerate(ovals) if v.kind not in ("param", "const") and any_rg)
             extra = 0
-        saved = []
+        claims = []                 # (operand index or -1, storage key): settled by _blocks.resolve_saved
         for i in saved_raw:
             if i == -1:
                 k = ("op", idx)
@@ -485,10 +506,8 @@ class Builder:
                 if v.kind in ("param", "const") or v.store is None:
                     continue
                 k = v.store
-            if k in self.claimed:
-                continue
-            self.claimed.add(k)
-            saved.append(i)
+            claims.append((i, k))
+        self.save_claims.append(tuple(claims))
 
         # module
         if group is not None:
@@ -502,8 +521,9 @@ class Builder:
             family=family, equation=eq, operands=tuple(v.spec for v in ovals),
             param_names=tuple(v.param if v.kind == "param" else None for v in ovals),
             output=out_spec, splittable=splittable, flops_fwd=float(ff), flops_bwd=float(fb),
-            saved_operands=tuple(saved), saved_extra_bytes=int(extra), module=mod,
+            saved_operands=(), saved_extra_bytes=int(extra), module=mod,
             module_type=mty, aten=tuple(aten_name(n) for n in members if self.kind[n] == "compute"),
+            nodes=tuple(n.name for n in members), operand_nodes=tuple(a.name for a in operands),
             short=short, leaf=bool(mod) and self._module_info(mod, mty)[1]))
         for i, v in enumerate(ovals):
             if v.kind == "op":
@@ -569,4 +589,6 @@ class Builder:
             f = out_spec.numel * ELEMENTWISE_FLOPS * n_compute
         else:
             f = out_spec.numel * _PER_ELEM.get(family, OTHER_FLOPS)
+        if out_spec.dtype.startswith("complex"):
+            f *= COMPLEX_FLOPS
         return float(f), float(f * NONMATMUL_BWD_RATIO)

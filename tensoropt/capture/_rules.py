@@ -525,6 +525,29 @@ def loss_rule(c: Ctx) -> None:
     c.out_bdim = c.out.index("b") if "b" in c.out else None
 
 
+def index_rule(c: Ctx) -> None:
+    """``x[..., idx, ...]`` with one 1-D index tensor: a gather along that dim, whose label
+    is fresh (never split); the other dims pass through."""
+    x, idxs = c.arg(0), c.argv(1, "indices", None)
+    if x is None or not isinstance(idxs, (list, tuple)):
+        return other(c)
+    refs = [(d, a) for d, a in enumerate(idxs) if a is not None]
+    if len(refs) != 1 or not isinstance(refs[0][1], OperandRef) or len(c.shapes[refs[0][1].index]) != 1:
+        return other(c)
+    d, ref = refs[0]
+    xs = c.shapes[x]
+    lab = c.name_dims(xs, c.bdims[x], "shdnxyzuvw")
+    picked = c.take("", c.shapes[ref.index][0])
+    c.terms[x] = lab
+    c.terms[ref.index] = [picked]
+    c.out = lab[:d] + [picked] + lab[d + 1:]
+    if [c.sizes.get(lb, 0) for lb in c.out] != list(c.out_shape):
+        return other(c)
+    c.family = "elementwise"
+    c.split = {lb for k, lb in enumerate(lab) if k != d and xs[k] != 1}
+    c.out_bdim = c.out.index("b") if "b" in c.out else None
+
+
 def cat_rule(c: Ctx) -> None:
     d = c.argv(1, "dim", 0)
     rank = len(c.out_shape)
@@ -559,6 +582,7 @@ for _n in CLASS_LOSSES | ELEM_LOSSES:
     RULES[_n] = loss_rule
 for _n in ("cat", "concat", "stack"):
     RULES[_n] = cat_rule
+RULES["index"] = index_rule
 for _n in ("cumsum", "cumprod", "roll", "flip"):
     RULES[_n] = lambda c: elementwise(c, unsplit_dims=tuple(
         _dims(c.argv(1, "dim", None) if c.name != "roll" else c.argv(2, "dims", None), len(c.out_shape))))

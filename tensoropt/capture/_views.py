@@ -96,6 +96,10 @@ def view_map(name: str, args: tuple, kwargs: dict, in_shape: tuple, out_shape: t
         if name == "diagonal" or ri != ro:
             return reshape_map(in_shape, out_shape) if ri == ro else (None,) * ro
         return tuple(k if in_shape[k] == out_shape[k] else None for k in range(ro))
+    if name == "view_as_complex":           # (..., n, 2) real -> (..., n) complex
+        return tuple(range(ro))
+    if name == "view_as_real":              # (..., n) complex -> (..., n, 2) real
+        return tuple(k if k < ri else None for k in range(ro))
     if name == "select":
         d = _norm(args[1], ri)
         return tuple(k if k < d else k + 1 for k in range(ro))
@@ -122,7 +126,7 @@ VIEW_NAMES = frozenset((
     "reshape_as", "contiguous", "clone", "alias", "detach", "lift_fresh_copy", "lift_fresh",
     "resolve_conj", "resolve_neg", "transpose", "swapaxes", "swapdims", "t", "numpy_T", "mT",
     "permute", "movedim", "unsqueeze", "squeeze", "expand", "expand_as", "broadcast_to",
-    "slice", "narrow", "select", "diagonal",
+    "slice", "narrow", "select", "diagonal", "view_as_complex", "view_as_real",
 )) | frozenset(SPLIT_VIEWS)
 
 # views that materialise a new tensor (matters for de-duplicating saved activations)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..opgraph import OpGraph, Operator, TensorSpec
+from .inputs import rebatch_spec
 
 __all__ = ["interpolator"]
 
@@ -78,5 +79,6 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
         inputs = affine(g1.input_bytes, g2.input_bytes, b)
         if inputs < 0 or not float(inputs).is_integer():
             return None
-        return replace(g1, operators=tuple(ops), batch_size=b, input_bytes=int(inputs))
+        return replace(g1, operators=tuple(ops), batch_size=b, input_bytes=int(inputs),
+                       inputs=rebatch_spec(g1.inputs, b1, b))
     return at

@@ -1,0 +1,141 @@
+"""The captured program: ``torch.export`` of a model's forward, flattened for analysis and replay.
+
+Capture reads the program's graph to build operators; the apply layer runs the same graph
+(re-exported from the same model and input shapes, so node names agree) with a plan's
+layouts. Both need one flat graph: regions that ``torch.export`` wraps in higher-order ops
+(``wrap_with_set_grad_enabled`` for ``torch.no_grad()`` code such as a rotary table,
+``wrap_with_autocast``) are inlined, their nodes tagged with the grad mode / autocast state
+they ran under (``meta["tensoropt_grad"]``, ``meta["tensoropt_autocast"]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.export.graph_signature import InputKind
+from torch.utils._pytree import TreeSpec
+
+__all__ = ["Program", "program_from_export", "inline_regions", "GRAD_KEY", "AUTOCAST_KEY"]
+
+GRAD_KEY = "tensoropt_grad"
+AUTOCAST_KEY = "tensoropt_autocast"
+
+
+@dataclass
+class Program:
+    """A flat exported forward: ``graph`` with placeholders in signature order."""
+    gm: fx.GraphModule
+    input_kinds: dict[str, str]          # placeholder name -> "param" | "buffer" | "constant" | "input"
+    input_targets: dict[str, str]        # placeholder name -> parameter/buffer FQN or constant name
+    constants: dict[str, Any]            # lifted constant tensors by name
+    in_spec: TreeSpec                    # pytree spec of (args, kwargs)
+    out_spec: TreeSpec
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    def placeholders(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder"]
+
+    def user_inputs(self) -> list[str]:
+        return [n for n, k in self.input_kinds.items() if k == "input"]
+
+
+_KINDS = {InputKind.PARAMETER: "param", InputKind.BUFFER: "buffer",
+          InputKind.CONSTANT_TENSOR: "constant", InputKind.USER_INPUT: "input"}
+
+
+def program_from_export(ep) -> Program:
+    gm = copy.deepcopy(ep.graph_module)
+    inline_regions(gm)
+    kinds, targets = {}, {}
+    for spec in ep.graph_signature.input_specs:
+        name = getattr(spec.arg, "name", None)
+        if name is None:
+            continue
+        kinds[name] = _KINDS.get(spec.kind, "constant")
+        if spec.target is not None:
+            targets[name] = spec.target
+    return Program(gm, kinds, targets, dict(ep.constants), ep.call_spec.in_spec, ep.call_spec.out_spec)
+
+
+def _hop_region(node: fx.Node) -> tuple[fx.Node, tuple, dict] | None:
+    """(submodule node, region inputs, meta tags) of a wrapping higher-order op, else None."""
+    if node.op != "call_function":
+        return None
+    name = getattr(node.target, "__name__", "") or str(node.target)
+    if "wrap_with_set_grad_enabled" in name:
+        return node.args[1], tuple(node.args[2:]), {GRAD_KEY: bool(node.args[0])}
+    if "wrap_with_autocast" in name:
+        device_type, dtype, enabled, cache = node.args[:4]
+        return node.args[4], tuple(node.args[5:]), {AUTOCAST_KEY: (device_type, dtype, bool(enabled), cache)}
+    return None
+
+
+def inline_regions(gm: fx.GraphModule) -> None:
+    """Inline every set-grad / autocast region of ``gm`` (recursively), in place."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        region = _hop_region(node)
+        if region is None:
+            continue
+        sub_node, inputs, tags = region
+        sub = getattr(gm, sub_node.target)
+        inline_regions(sub)
+        env: dict[fx.Node, Any] = {}
+        placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+        for ph, a in zip(placeholders, inputs):
+            env[ph] = a
+        outputs: Any = None
+        with graph.inserting_before(node):
+            for sn in sub.graph.nodes:
+                if sn.op == "placeholder":
+                    continue
+                if sn.op == "output":
+                    outputs = fx.node.map_arg(sn.args[0], lambda x: env[x])
+                    break
+                if sn.op == "get_attr":
+                    attr = f"_tensoropt_{sub_node.target}_{sn.target}".replace(".", "_")
+                    setattr(gm, attr, getattr(sub, sn.target))
+                    new = graph.get_attr(attr)
+                    new.meta = dict(sn.meta)
+                else:
+                    new = graph.node_copy(sn, lambda x: env[x])
+                    new.meta = dict(sn.meta)
+                for k, v in tags.items():
+                    new.meta.setdefault(k, v)
+                env[sn] = new
+        outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        for user in list(node.users):
+            if user.op == "call_function" and user.target is operator.getitem:
+                user.replace_all_uses_with(outs[user.args[1]])
+                graph.erase_node(user)
+        if node.users:
+            raise RuntimeError(f"cannot inline {node.name}: its result is used other than by indexing")
+        graph.erase_node(node)
+        if not sub_node.users:
+            graph.erase_node(sub_node)
+            if hasattr(gm, sub_node.target):
+                delattr(gm, sub_node.target)
+    graph.lint()
+    gm.recompile()
+
+
+def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
+    """Run one call_function node with its region's grad mode and autocast state."""
+    grad = node.meta.get(GRAD_KEY)
+    autocast = node.meta.get(AUTOCAST_KEY)
+    if grad is None and autocast is None:
+        return node.target(*args, **kwargs)
+    with torch.set_grad_enabled(grad if grad is not None else torch.is_grad_enabled()):
+        if autocast is not None:
+            device_type, dtype, enabled, cache = autocast
+            with torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache):
+                return node.target(*args, **kwargs)
+        return node.target(*args, **kwargs)
