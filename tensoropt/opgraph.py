@@ -100,6 +100,7 @@ class OpGraph:
     edges: tuple[Edge, ...]
     # Operator indices of identical repeated blocks (transformer layers), in order; () if none.
     blocks: tuple[tuple[int, ...], ...] = ()
+    block_modules: tuple[str, ...] = ()  # FQN of each block's module, e.g. "model.layers.3"
     batch_size: int = 1
     unsupported: tuple[str, ...] = field(default=())  # aten ops captured as family "other"
     input_bytes: int = 0               # the step's input tensors (the batch), as fed to the model
@@ -118,3 +119,13 @@ class OpGraph:
     @property
     def param_count(self) -> int:
         return sum(t.numel for t in self.params().values())
+
+
+def rebatch_spec(spec: dict, batch: int, b: int) -> dict:
+    """An input spec (``OpGraph.inputs``) with every tensor's dim 0 of size ``batch`` made ``b``."""
+    def cut(s: dict) -> dict:
+        if "tensor" in s and s["tensor"] and s["tensor"][0] == batch:
+            return {**s, "tensor": [b, *s["tensor"][1:]]}
+        return s
+    return {"args": [cut(s) for s in spec.get("args", ())],
+            "kwargs": {k: cut(s) for k, s in spec.get("kwargs", {}).items()}}

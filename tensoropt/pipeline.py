@@ -29,7 +29,7 @@ import numpy as np
 from .engine import solve
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
-from .opgraph import Edge, OpGraph
+from .opgraph import Edge, OpGraph, rebatch_spec
 
 __all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec",
            "pipeline_plans", "pipeline_candidates", "Candidate"]
@@ -217,4 +217,5 @@ def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, s
                 {"precision": training.precision, "optimizer": training.optimizer,
                  "batch_size": mb_graph.batch_size * microbatches},
                 signature, "", epsilon, 0, tuple(r for sp in stage_plans for r in sp.recompute),
-                tuple(stage_plans), microbatches)
+                tuple(stage_plans), microbatches,
+                inputs=rebatch_spec(mb_graph.inputs, mb_graph.batch_size, mb_graph.batch_size * microbatches))

@@ -52,6 +52,9 @@ class Plan:
     # lists those stages' operators with configs on the stage sub-mesh (mesh_shape[1:]).
     stages: tuple["Plan", ...] = ()
     microbatches: int = 1
+    # The example inputs the model was captured with (``capture.inputs.input_spec``: shapes and
+    # dtypes at the global batch, keyword names): what ``parallelize`` needs to capture again.
+    inputs: dict = field(default_factory=dict)
 
     @property
     def peak_memory_bytes(self) -> float:

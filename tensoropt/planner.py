@@ -82,7 +82,10 @@ def owners(graph: OpGraph) -> list[bool]:
 
 
 def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
-    """Operators grouped by the ``layers.<i>`` module that owns them, in order."""
+    """Operators grouped by the repeated block that owns them (``graph.block_modules``), in
+    order; a graph without blocks by its ``layers.<i>`` modules."""
+    if graph.block_modules:
+        return [(name, tuple(ops)) for name, ops in zip(graph.block_modules, graph.blocks)]
     units: dict[str, list[int]] = {}
     for i, op in enumerate(graph.operators):
         m = _UNIT.match(op.module)

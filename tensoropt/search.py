@@ -307,29 +307,36 @@ def _capture(model, inputs, batch_size):
     import torch
 
     from .capture import capture
+    from .capture.inputs import rebatch, split_inputs
 
     if isinstance(model, str):
         from .models import example_inputs, get_model
 
         name = model
         given = inputs is not None
-        inputs = tuple(inputs) if given else tuple(example_inputs(name, batch_size))
+        args, kwargs = split_inputs(inputs) if given else (tuple(example_inputs(name, batch_size)), {})
         module = get_model(name)
-        graph = capture(module, inputs, name=name)
+        graph = capture(module, args, kwargs=kwargs, name=name)
         # other batch sizes keep given inputs' other dims (sequence length)
-        inputs_at = (lambda b: _rebatch(inputs, graph.batch_size, b)) if given else \
-            (lambda b: tuple(example_inputs(name, b)))
-        return graph, module, _Recapture(graph, lambda b: capture(module, inputs_at(b), name=name))
+        inputs_at = (lambda b: rebatch(args, kwargs, graph.batch_size, b)) if given else \
+            (lambda b: (tuple(example_inputs(name, b)), {}))
+        return graph, module, _Recapture(graph, lambda b: capture(module, inputs_at(b)[0], kwargs=inputs_at(b)[1],
+                                                                  name=name))
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be an nn.Module or a zoo model name, got {type(model).__name__}")
     if inputs is None:
-        raise ValueError("pass example inputs: tensoropt.frontier(model, devices, inputs=(x, ...)); "
-                         "meta tensors are fine (torch.empty(shape, device='meta'))")
+        raise ValueError("pass example inputs: tensoropt.frontier(model, devices, inputs=(x, ...)) or, for "
+                         "keyword inputs, inputs={'input_ids': ids, 'labels': ids}; meta tensors are fine "
+                         "(torch.empty(shape, device='meta'))")
     if batch_size is not None:
         raise ValueError("batch_size applies to zoo model names; for a module, size the example inputs")
-    inputs = tuple(inputs)
-    graph = capture(model, inputs)
-    return graph, model, _Recapture(graph, lambda b: capture(model, _rebatch(inputs, graph.batch_size, b)))
+    args, kwargs = split_inputs(inputs)
+    graph = capture(model, args, kwargs=kwargs)
+
+    def at(b):
+        a, k = rebatch(args, kwargs, graph.batch_size, b)
+        return capture(model, a, kwargs=k)
+    return graph, model, _Recapture(graph, at)
 
 
 class _Recapture:
@@ -354,17 +361,6 @@ class _Recapture:
                     self.at = interpolator(next(iter(self.graphs.values())), g)
             self.graphs[b] = g
         return self.graphs[b]
-
-
-def _rebatch(inputs: tuple, batch: int, b: int) -> tuple:
-    """Meta tensors like ``inputs`` with every batch-sized dim 0 cut to ``b``."""
-    import torch
-
-    def cut(x):
-        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
-            return torch.empty((b, *x.shape[1:]), dtype=x.dtype, device="meta")
-        return x
-    return tuple(cut(x) for x in inputs)
 
 
 def _param_signature(module) -> str:
@@ -467,7 +463,8 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
     return Plan(graph.name, ctx.devices, mesh.shape, tuple(link.name for link in mesh.links), float(t), float(m),
                 summary, tuple(ops), totals,
                 {"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
-                ctx.param_signature, label, ctx.epsilon, problem.zero_stage, tuple(recomputed))
+                ctx.param_signature, label, ctx.epsilon, problem.zero_stage, tuple(recomputed),
+                inputs=graph.inputs)
 
 
 def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:

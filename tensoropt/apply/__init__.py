@@ -31,6 +31,7 @@ from ._validate import (
     parse_placement_str,
     validate_spec,
 )
+from ..capture.inputs import loss_of
 from ._plan import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, plan_layout
 from ._pipeline import PipelineRunner, pipeline
 from .measure import count_collectives, peak_memory, step_peak_memory
@@ -38,7 +39,7 @@ from .measure import count_collectives, peak_memory, step_peak_memory
 __all__ = [
     "parallelize", "param_signature", "validate_spec", "build_mesh", "shard_batch", "global_loss",
     "full_grads", "full_params", "count_collectives", "peak_memory", "step_peak_memory", "describe_layout",
-    "plan_layout", "PlanLayout", "PlanNotApplicable", "load_plan", "pipeline", "PipelineRunner",
+    "plan_layout", "PlanLayout", "PlanNotApplicable", "load_plan", "pipeline", "PipelineRunner", "train_step",
 ]
 
 
@@ -56,9 +57,9 @@ def load_plan(plan: "Plan | str | os.PathLike") -> Plan:
     raise TypeError(f"expected an ApplySpec, a Plan or a plan file path, got {type(plan).__name__}")
 
 
-def _parallelize_plan(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, graph) -> nn.Module:
+def _parallelize_plan(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, inputs: Any) -> nn.Module:
     """Frontier plan path: validate (no collectives), then lay out operator by operator."""
-    layout = plan_layout(plan, model, graph)
+    layout = plan_layout(plan, model, inputs)
     from ._validate import current_world_size
     ws = current_world_size()
     if ws != plan.world_size:
@@ -83,25 +84,42 @@ def build_mesh(spec: ApplySpec, device_type: str | None = None) -> DeviceMesh:
     return init_device_mesh(dt, tuple(spec.mesh.shape), mesh_dim_names=tuple(spec.mesh.axis_names))
 
 
-def parallelize(model: nn.Module, spec: "ApplySpec | Plan | str | os.PathLike",
-                mesh: DeviceMesh | None = None, graph=None) -> nn.Module:
-    """Lay ``model`` out in place according to ``spec``; returns the model.
+def parallelize(model: nn.Module, plan: "Plan | ApplySpec | str | os.PathLike",
+                mesh: DeviceMesh | None = None, *, inputs: Any = None):
+    """Lay ``model`` out according to ``plan`` on this rank of a ``torchrun`` launch.
 
-    ``spec``: an :class:`ApplySpec`, a frontier :class:`~tensoropt.plan.Plan` or the path of a
-    saved plan. For a Plan, ``graph`` is the model's captured OpGraph (captured again when
-    omitted); every rank passes the full global batch to ``model(...)`` and gets the global
-    loss back. Must run in every rank of a torchrun launch. All validation happens before
-    any collective. ZeRO stages and recomputed modules of the plan are applied, with or
-    without model-parallel axes.
+    ``plan``: a frontier :class:`~tensoropt.plan.Plan`, the path of a saved one, or an
+    :class:`ApplySpec`. The model is captured again on meta tensors of the input shapes the
+    plan stores (``inputs=``: example inputs, for a plan that stores none). All validation
+    happens before any collective.
 
-    Pipeline plans (``plan.stages``) cannot be called like the original model: use
-    ``runner = tensoropt.apply.pipeline(model, plan, inputs=example_inputs)``, then
-    ``loss = runner.step(*inputs)`` per iteration (1F1B over ``plan.microbatches``; every
-    rank passes the full batch and gets the global loss; gradients of this rank's stage are
-    accumulated) and ``torch.optim.Adam(runner.parameters())``.
+    Returns the model, laid out in place: every rank passes the whole global batch to
+    ``model(...)`` (positional or keyword, as planned) and gets the global loss back. ZeRO
+    stages and recomputed modules of the plan are applied. A pipeline plan returns a
+    :class:`PipelineRunner` instead: forward and backward run together over the
+    micro-batches (1F1B), ``loss = runner.step(...)``; :func:`train_step` runs one step of
+    either kind.
     """
-    if not isinstance(spec, ApplySpec):
-        return _parallelize_plan(model, load_plan(spec), mesh, graph)
+    if isinstance(plan, ApplySpec):
+        return _parallelize_spec(model, plan, mesh)
+    plan = load_plan(plan)
+    if plan.stages:
+        return pipeline(model, plan, mesh=mesh, inputs=inputs)
+    return _parallelize_plan(model, plan, mesh, inputs)
+
+
+def train_step(model, *args, **kwargs):
+    """One training step's forward and backward on a parallelized model (a pipeline's 1F1B
+    schedule, or ``model(...)`` then ``backward``); returns the loss (detached for a pipeline)."""
+    if isinstance(model, PipelineRunner):
+        return model.step(*args, **kwargs)
+    out = model(*args, **kwargs)
+    loss = loss_of(out)
+    loss.backward()
+    return loss
+
+
+def _parallelize_spec(model: nn.Module, spec: ApplySpec, mesh: DeviceMesh | None) -> nn.Module:
     validate_spec(model, spec)
     check_world_size(spec)
     device_type = ensure_process_group()

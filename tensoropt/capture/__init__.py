@@ -165,6 +165,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict, name: str):
 def _check_loss(program: Program, name: str) -> None:
     out = next(n for n in program.graph.nodes if n.op == "output")
     flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    flat = [flat[i] for i in program.user_outputs]
     try:
         result = tree_unflatten(flat, program.out_spec)
     except Exception:  # an output type pytree cannot rebuild: look at the first leaf
@@ -204,7 +205,7 @@ def _names(ops: list[dict]) -> list[str]:
     return out
 
 
-def capture(model: nn.Module, inputs: Any, *, name: str | None = None) -> OpGraph:
+def capture(model: nn.Module, inputs: Any, *, kwargs: dict | None = None, name: str | None = None) -> OpGraph:
     """Capture ``model``'s training step (its forward, returning the loss) as an operator graph.
 
     ``inputs``: the example inputs, positional (tuple/list, or one tensor) or keyword (a dict:
@@ -212,25 +213,31 @@ def capture(model: nn.Module, inputs: Any, *, name: str | None = None) -> OpGrap
     (real inputs are converted without touching data); a real model with meta inputs gets
     zero-filled inputs on its device. The batch size is dim 0 of the first tensor input; every
     input whose dim 0 has that size is batched along dim 0. Raises :class:`CaptureError`
-    when export fails or the forward returns no scalar loss.
+    when export fails or the forward returns no scalar loss. ``kwargs``: keyword inputs
+    besides positional ``inputs``.
     """
-    return capture_program(model, inputs, name=name)[0]
+    return capture_program(model, inputs, kwargs=kwargs, name=name)[0]
 
 
-def capture_program(model: nn.Module, inputs: Any, *, name: str | None = None) -> tuple[OpGraph, Program]:
+def capture_program(model: nn.Module, inputs: Any, *, kwargs: dict | None = None,
+                    name: str | None = None) -> tuple[OpGraph, Program]:
     """:func:`capture`, and the flat exported program the graph was built from (which the
     apply layer runs)."""
     name = name or type(model).__name__
-    args, kwargs = split_inputs(inputs)
-    kwargs = training_kwargs(model, kwargs)
+    args, given = split_inputs(inputs)
+    kwargs = training_kwargs(model, {**given, **(kwargs or {})})
     args, kwargs = _prepare_inputs(model, args, kwargs)
-    flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    leaves = tree_flatten((args, kwargs))[0]
+    flat = [t for t in leaves if isinstance(t, torch.Tensor)]
     batch_size = batch_size_of(args, kwargs)
     program = program_from_export(_export(model, args, kwargs, name))
     _check_loss(program, name)
     user_inputs = [n.name for n in program.placeholders() if program.input_kinds.get(n.name) == "input"]
     input_rg = {}
-    for n, t in zip(user_inputs, flat):
+    if len(user_inputs) != len(leaves):
+        raise CaptureError(f"could not capture {name}: {len(leaves)} inputs but the exported program "
+                           f"takes {len(user_inputs)}")
+    for n, t in zip(user_inputs, leaves):
         input_rg[n] = bool(getattr(t, "requires_grad", False))
     b = Builder(model, program, batch_size, input_rg)
     b.run()
@@ -238,8 +245,9 @@ def capture_program(model: nn.Module, inputs: Any, *, name: str | None = None) -
     ops = [Operator(name=n, **{k: v for k, v in o.items() if k not in ("short", "leaf")})
            for n, o in zip(names, b.ops)]
     ops = resolve_saved(model, ops, b.save_claims)
+    blocks, block_modules = find_blocks(model, ops, b.edges)
     graph = OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
-                    blocks=find_blocks(model, ops, b.edges), batch_size=batch_size,
+                    blocks=blocks, block_modules=block_modules, batch_size=batch_size,
                     unsupported=tuple(b.unsupported),
                     input_bytes=sum(t.numel() * t.element_size() for t in flat),
                     inputs=input_spec(args, kwargs))

@@ -74,8 +74,9 @@ def resolve_saved(model: nn.Module, ops: list[Operator], claims: list[tuple]) ->
     return [replace(op, saved_operands=tuple(s)) for op, s in zip(ops, saved)]
 
 
-def find_blocks(model: nn.Module, ops: list[Operator], edges: list[Edge]) -> tuple[tuple[int, ...], ...]:
-    """The longest run of identical consecutive children of one container (see module doc)."""
+def find_blocks(model: nn.Module, ops: list[Operator], edges: list[Edge]) -> tuple[tuple, tuple[str, ...]]:
+    """(blocks, their module FQNs): the longest run of identical consecutive children of one
+    container (see module doc)."""
     into: dict[int, list[Edge]] = {}
     for e in edges:
         into.setdefault(e.dst, []).append(e)
@@ -121,6 +122,6 @@ def find_blocks(model: nn.Module, ops: list[Operator], edges: list[Edge]) -> tup
                 run = tuple(tuple(b) for b in blocks[i:j])
                 key = (sum(map(len, run)), fqn.rsplit(".", 1)[-1] == "layers", -fqn.count("."), -i)
                 if best is None or key > best[0]:
-                    best = (key, run)
+                    best = (key, run, tuple(prefixes[i:j]))
             i = j
-    return best[1] if best is not None else ()
+    return (best[1], best[2]) if best is not None else ((), ())

@@ -44,6 +44,10 @@ _PER_ELEM = {"elementwise": ELEMENTWISE_FLOPS, "norm": NORM_FLOPS, "softmax": SO
              "embedding": EMBEDDING_FLOPS, "other": OTHER_FLOPS}
 
 
+#: views that act the same on a shard as on the whole tensor (inside a fused operator)
+_LOCAL_VIEWS = frozenset(("contiguous", "clone", "alias", "detach", "_to_copy", "to", "type_as", "getitem"))
+
+
 @dataclass
 class Val:
     kind: str                     # "op" | "input" | "param" | "const" | "interior"
@@ -463,6 +467,8 @@ class Builder:
             for i, t in enumerate(c.terms):
                 if t is None:
                     c.terms[i] = [c.take("", s) for s in c.shapes[i]]
+            if any(self.kind[n] == "view" and pname(n) not in _LOCAL_VIEWS for n in members):
+                c.split = set()      # a view with explicit sizes does not run on a shard
             if group["normish"]:
                 c.family = "norm"
         family = c.family

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils._pytree import TreeSpec
 
-__all__ = ["Program", "program_from_export", "inline_regions", "GRAD_KEY", "AUTOCAST_KEY"]
+__all__ = ["Program", "program_from_export", "inline_regions", "call_node", "module_paths", "GRAD_KEY", "AUTOCAST_KEY"]
 
 GRAD_KEY = "tensoropt_grad"
 AUTOCAST_KEY = "tensoropt_autocast"
@@ -35,6 +35,7 @@ class Program:
     constants: dict[str, Any]            # lifted constant tensors by name
     in_spec: TreeSpec                    # pytree spec of (args, kwargs)
     out_spec: TreeSpec
+    user_outputs: tuple[int, ...]        # positions in the output node's tuple that out_spec covers
 
     @property
     def graph(self) -> fx.Graph:
@@ -62,7 +63,8 @@ def program_from_export(ep) -> Program:
         kinds[name] = _KINDS.get(spec.kind, "constant")
         if spec.target is not None:
             targets[name] = spec.target
-    return Program(gm, kinds, targets, dict(ep.constants), ep.call_spec.in_spec, ep.call_spec.out_spec)
+    users = tuple(i for i, spec in enumerate(ep.graph_signature.output_specs) if spec.kind == OutputKind.USER_OUTPUT)
+    return Program(gm, kinds, targets, dict(ep.constants), ep.call_spec.in_spec, ep.call_spec.out_spec, users)
 
 
 def _hop_region(node: fx.Node) -> tuple[fx.Node, tuple, dict] | None:
@@ -139,3 +141,9 @@ def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
             with torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache):
                 return node.target(*args, **kwargs)
         return node.target(*args, **kwargs)
+
+
+def module_paths(node: fx.Node) -> tuple[str, ...]:
+    """FQNs of the modules whose call a node ran inside, outermost first."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return tuple(str(path).split("@")[0] for path, _ in stack.values())

@@ -583,6 +583,8 @@ for _n in CLASS_LOSSES | ELEM_LOSSES:
 for _n in ("cat", "concat", "stack"):
     RULES[_n] = cat_rule
 RULES["index"] = index_rule
+for _n in ("tril", "triu"):      # the diagonal is relative to the last two dims' origin
+    RULES[_n] = lambda c: elementwise(c, unsplit_dims=(len(c.out_shape) - 2, len(c.out_shape) - 1))
 for _n in ("cumsum", "cumprod", "roll", "flip"):
     RULES[_n] = lambda c: elementwise(c, unsplit_dims=tuple(
         _dims(c.argv(1, "dim", None) if c.name != "roll" else c.argv(2, "dims", None), len(c.out_shape))))

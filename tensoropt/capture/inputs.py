@@ -16,8 +16,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..opgraph import rebatch_spec
+
 __all__ = ["split_inputs", "input_spec", "inputs_from_spec", "rebatch", "loss_of", "batch_size_of",
-           "bind_call", "training_kwargs", "rebatch_spec"]
+           "bind_call", "forward_signature", "training_kwargs", "rebatch_spec", "replace_loss"]
 
 Args = tuple
 Kwargs = dict
@@ -50,16 +52,6 @@ def _leaf_spec(x: Any) -> Any:
 def input_spec(args: Args, kwargs: Kwargs) -> dict:
     """JSON-able description of example inputs (shapes and dtypes, literal values)."""
     return {"args": [_leaf_spec(a) for a in args], "kwargs": {k: _leaf_spec(v) for k, v in kwargs.items()}}
-
-
-def rebatch_spec(spec: dict, batch: int, b: int) -> dict:
-    """The spec with every tensor's dim 0 of size ``batch`` made ``b``."""
-    def cut(s: dict) -> dict:
-        if "tensor" in s and s["tensor"] and s["tensor"][0] == batch:
-            return {**s, "tensor": [b, *s["tensor"][1:]]}
-        return s
-    return {"args": [cut(s) for s in spec.get("args", ())],
-            "kwargs": {k: cut(s) for k, s in spec.get("kwargs", {}).items()}}
 
 
 def _leaf(s: dict, batch: int | None, b: int | None, device) -> Any:
@@ -112,6 +104,27 @@ def loss_of(output: Any) -> Any:
     return loss
 
 
+def replace_loss(output: Any, loss: Any) -> Any:
+    """``output`` with its loss (as :func:`loss_of` finds it) replaced by ``loss``."""
+    if isinstance(output, torch.Tensor):
+        return loss
+    if getattr(output, "loss", None) is not None:
+        try:
+            output.loss = loss
+            if isinstance(output, dict):
+                output["loss"] = loss
+            return output
+        except (AttributeError, TypeError):
+            pass
+    if isinstance(output, dict) and "loss" in output:
+        return {**output, "loss": loss}
+    if isinstance(output, tuple):
+        return (loss, *output[1:])
+    if isinstance(output, list):
+        return [loss, *output[1:]]
+    return output
+
+
 def training_kwargs(model: nn.Module, kwargs: Kwargs) -> Kwargs:
     """Keyword inputs for a training step: a forward that takes ``use_cache`` (a Hugging Face
     model) gets ``use_cache=False`` unless it was given (a cache is for generation; the cache
@@ -125,7 +138,15 @@ def training_kwargs(model: nn.Module, kwargs: Kwargs) -> Kwargs:
     return kwargs
 
 
-def bind_call(model: nn.Module, captured: tuple[Args, Kwargs], call: tuple[Args, Kwargs]) -> tuple[Args, Kwargs]:
+def forward_signature(model: nn.Module) -> inspect.Signature | None:
+    try:
+        return inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def bind_call(signature: inspect.Signature | None, captured: tuple[Args, Kwargs],
+              call: tuple[Args, Kwargs]) -> tuple[Args, Kwargs]:
     """A call's arguments in the captured call's structure: matched by parameter name through
     the forward's signature; a non-tensor argument the call leaves out keeps its captured
     value (``use_cache=False``). Raises ValueError naming what does not match."""
@@ -133,8 +154,11 @@ def bind_call(model: nn.Module, captured: tuple[Args, Kwargs], call: tuple[Args,
     args, kwargs = call
     if len(args) == len(cap_args) and set(kwargs) == set(cap_kwargs):
         return tuple(args), dict(kwargs)
+    if signature is None:
+        raise ValueError(f"the call's arguments ({len(args)} positional, keywords {sorted(kwargs)}) do not match "
+                         f"the captured call's ({len(cap_args)} positional, keywords {sorted(cap_kwargs)})")
+    sig = signature
     try:
-        sig = inspect.signature(model.forward)
         cap = sig.bind_partial(*cap_args, **cap_kwargs).arguments
         got = sig.bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError) as err:

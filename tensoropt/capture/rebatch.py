@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ..opgraph import OpGraph, Operator, TensorSpec
-from .inputs import rebatch_spec
+from ..opgraph import OpGraph, Operator, TensorSpec, rebatch_spec
 
 __all__ = ["interpolator"]
 

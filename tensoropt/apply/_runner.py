@@ -1,0 +1,551 @@
+"""Run a model's captured program with a plan's layouts, operator by operator, on DTensor.
+
+The plan was made for the operators capture found in the exported program
+(``capture.Program``); this runs that same program (exported again from the same model and
+input shapes, so node names agree), not the model's eager code. Whatever the eager code does
+-- keyword arguments, masks built on the fly, fused activation modules, rotary tables under
+``no_grad`` -- the nodes are the ones that were planned:
+
+* each operator's operands are redistributed from their producers' layouts to the planned
+  ones (the cost model's per-edge re-layouts, whose backward DTensor derives) and its nodes
+  run on the *local shards*; the result is wrapped in the planned output layout. Local
+  execution issues no collective of its own, so a step's collectives are the planned
+  re-layouts plus the parameter-gradient reductions (a post-accumulate-grad hook turns
+  partial gradients into the parameter's placements). Corrections keep local execution
+  exact: a bias under a contracted split is added on one rank only; mean reductions over a
+  split label become partial sums; a class loss over a split batch divides its local sum by
+  the count of counted targets in the whole batch; causal attention over split queries
+  gets the mask of its own rows; a vocabulary-split embedding masks foreign rows; BatchNorm
+  over a split batch all-reduces its statistics (``_sync_batch_norm``);
+* nodes between operators (views) run on DTensors with DTensor's rules; constants and
+  derived inputs (masks, position ids: capture's ``_derived``) run on plain tensors, every
+  rank computing them from the whole batch it is handed;
+* a recomputed module's nodes run under non-reentrant ``torch.utils.checkpoint`` (their
+  re-layouts are issued again in backward);
+* ZeRO on model-parallel plans: a parameter is stored sharded over the axes where its
+  gradient is a partial sum and gathered at each use; stage 3 also drops the gathered copy
+  after forward and gathers it again when backward needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import checkpoint
+
+from ..capture._program import Program, call_node, module_paths
+from ..capture.inputs import bind_call, forward_signature
+from ._sync_batch_norm import sync_batch_norm
+
+__all__ = ["ProgramRunner", "to_placement", "Step"]
+
+_SKIP_PREFIXES = ("_assert", "sym_constrain")
+_CLASS_LOSSES = ("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d")
+_ELEM_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+
+
+def to_placement(p: str) -> Placement:
+    if p == "R":
+        return Replicate()
+    if p == "P":
+        return Partial()
+    if p.startswith("S(") and p.endswith(")"):
+        return Shard(int(p[2:-1]))
+    raise ValueError(f"unknown placement {p!r}")
+
+
+def _skipped(n: fx.Node) -> bool:
+    name = getattr(n.target, "__name__", "") or str(n.target)
+    return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
+        tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
+
+
+@dataclass
+class Step:
+    kind: str                        # "node" | "op" | "segment"
+    node: fx.Node | None = None
+    op: Any = None                   # OpLayout
+    steps: list["Step"] = field(default_factory=list)    # a segment's own steps
+    name: str = ""                   # a segment's module
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    free: tuple[str, ...] = ()       # env entries dead after this step
+
+
+def _piece(name: str) -> tuple[str, int | None]:
+    if name.endswith("]") and "[" in name:
+        base, k = name[:-1].split("[")
+        return base, int(k)
+    return name, None
+
+
+class ProgramRunner:
+    """The plan's operators laid out on ``mesh``, run over the program's nodes ``nodes`` (all
+    by default; a pipeline stage runs its own)."""
+
+    def __init__(self, model: nn.Module, layout, program: Program, mesh: DeviceMesh,
+                 nodes: list[fx.Node] | None = None, keep: set[str] = frozenset()) -> None:
+        self.model, self.layout, self.program, self.mesh = model, layout, program, mesh
+        self.signature = forward_signature(model)
+        self.coord = list(mesh.get_coordinate() or [])
+        self.zero = getattr(layout.plan, "zero_stage", 0) or 0
+        self.by_name = {n.name: n for n in program.graph.nodes}
+        self.zero_axes: dict[str, tuple[int, ...]] = {}
+        self.storage: dict[str, tuple[str, ...]] = {}
+        self.params_by_id: dict[int, str] = {}
+        self.recomputing = 0
+        nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
+        self.steps = self._steps([n for n in nodes if not _skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
+        out = next(n for n in program.graph.nodes if n.op == "output")
+        self.keep = set(keep) | {a.name for a in out.all_input_nodes}
+        _liveness(self.steps, self.keep)
+
+    # ---------------------------------------------------------------- steps
+
+    def _steps(self, nodes: list[fx.Node], recompute: tuple[str, ...]) -> list[Step]:
+        ops_at: dict[str, list] = {}
+        members: dict[str, Any] = {}
+        for o in self.layout.ops:
+            for m in o.nodes:
+                members[_piece(m)[0]] = o
+            ops_at.setdefault(_piece(o.nodes[-1])[0], []).append(o)
+        steps = []
+        for n in nodes:
+            if n.name in ops_at:
+                for o in ops_at[n.name]:
+                    steps.append(self._op_step(o, members))
+            elif n.name not in members:
+                steps.append(Step("node", node=n, reads=tuple(a.name for a in n.all_input_nodes), writes=(n.name,)))
+        for fqn in recompute:
+            steps = _segment(steps, fqn)
+        return steps
+
+    def _op_step(self, o, members) -> Step:
+        mine = {_piece(m)[0] for m in o.nodes}
+        reads = list(o.operand_nodes)
+        writes = []
+        for m in mine:
+            node = self.by_name[m]
+            for a in node.all_input_nodes:
+                if a.name not in mine and a.name not in reads:
+                    reads.append(a.name)
+            if any(u.name not in mine and not _skipped(u) for u in node.users):
+                writes.append(m)
+        return Step("op", op=o, reads=tuple(reads), writes=tuple(writes))
+
+    # ---------------------------------------------------------------- setup
+
+    def install_parameters(self, names: set[str] | None = None) -> dict[str, nn.Parameter]:
+        """Replace the model's parameters (those in ``names``, all by default) by DTensor
+        parameters with their planned (or ZeRO storage) placements; returns them by name."""
+        model, mesh = self.model, self.mesh
+        if self.zero:
+            self._zero_storage()
+        tied: dict[int, list[str]] = {}
+        for n, p in model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(p), []).append(n)
+        out = {}
+        for aliases in tied.values():
+            if names is not None and not any(a in names for a in aliases):
+                continue
+            owner = next((a for a in aliases if a in self.layout.param_placements), None)
+            p = model.get_parameter(aliases[0])
+            pls = (self.storage.get(owner) or self.layout.param_placements.get(owner)) if owner else None
+            pls = pls or tuple("R" for _ in self.layout.mesh_shape)
+            new = nn.Parameter(distribute_tensor(p.data, mesh, [to_placement(x) for x in pls]),
+                               requires_grad=p.requires_grad)
+            new.register_post_accumulate_grad_hook(_reduce_partial_grad)
+            for a in aliases:
+                mod_name, _, leaf = a.rpartition(".")
+                setattr(model.get_submodule(mod_name) if mod_name else model, leaf, new)
+            if owner in self.zero_axes:
+                self.params_by_id[id(new)] = owner
+            out[aliases[0]] = new
+        return out
+
+    def _zero_storage(self) -> None:
+        """ZeRO on the axes where a parameter is replicated while its operator splits another
+        label (its data-parallel axes): the stored parameter -- and so its gradient and optimizer
+        state -- is sharded there too (an even split of some dim; dims that do not split evenly
+        stay replicated). Each use gathers it (``redistribute``: all-gather in forward, and the
+        partial gradient is reduce-scattered back by redistribute's backward)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        shape = self.layout.mesh_shape
+        seen: set[str] = set()
+        for o in self.layout.ops:
+            for j, pname in enumerate(o.param_names):
+                if pname is None or pname in seen or pname not in params:
+                    continue
+                seen.add(pname)
+                want = list(o.want[j])
+                axes = []
+                pshape = list(params[pname].shape)
+                for a, pl in enumerate(want):
+                    if pl.startswith("S("):
+                        pshape[int(pl[2:-1])] //= shape[a]
+                for a in range(len(shape)):
+                    if not (o.grad_partial[j][a] and shape[a] > 1 and want[a] == "R"):
+                        continue
+                    d = next((d for d in range(len(pshape)) if pshape[d] % shape[a] == 0), None)
+                    if d is None:
+                        continue
+                    pshape[d] //= shape[a]
+                    want[a] = f"S({d})"
+                    axes.append(a)
+                if axes:
+                    self.zero_axes[pname] = tuple(axes)
+                    self.storage[pname] = tuple(want)
+
+    # ---------------------------------------------------------------- running
+
+    def placeholders(self, leaves: list[Any]) -> dict[str, Any]:
+        """The program's inputs: parameters and buffers from the model (those it still has),
+        lifted constants, and the user inputs ``leaves`` (flattened like the captured call)."""
+        env: dict[str, Any] = {}
+        it = iter(leaves)
+        prog = self.program
+        for n in prog.placeholders():
+            kind, target = prog.input_kinds.get(n.name), prog.input_targets.get(n.name)
+            if kind == "input":
+                env[n.name] = next(it)
+            elif kind == "param":
+                try:
+                    env[n.name] = self.model.get_parameter(target)
+                except AttributeError:
+                    pass                      # another pipeline stage's
+            elif kind == "buffer":
+                env[n.name] = self.model.get_buffer(target)
+            else:
+                env[n.name] = prog.constants[target]
+        return env
+
+    def forward(self, captured_call: tuple, *args, **kwargs):
+        args, kwargs = bind_call(self.signature, captured_call, (args, kwargs))
+        leaves, spec = tree_flatten((args, kwargs))
+        if spec != self.program.in_spec:
+            raise ValueError(f"the model was called with inputs structured as {spec}, but the plan "
+                             f"was made for {self.program.in_spec}")
+        env = self.placeholders(leaves)
+        self.run(self.steps, env)
+        out = next(n for n in self.program.graph.nodes if n.op == "output")
+        flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+        values = [_replicated_scalar(env[flat[i].name]) if isinstance(flat[i], fx.Node) else flat[i]
+                  for i in self.program.user_outputs]
+        return tree_unflatten(values, self.program.out_spec)
+
+    def run(self, steps: list[Step], env: dict[str, Any]) -> None:
+        for st in steps:
+            if st.kind == "node":
+                env[st.node.name] = self._node(st.node, env)
+            elif st.kind == "op":
+                self._op(st, env)
+            else:
+                self._segment(st, env)
+            for name in st.free:
+                env.pop(name, None)
+
+    def _node(self, n: fx.Node, env: dict[str, Any]) -> Any:
+        if n.op == "get_attr":
+            return getattr(self.program.gm, n.target)
+        args = fx.node.map_arg(n.args, lambda a: env[a.name])
+        kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a.name])
+        try:
+            return call_node(n, args, kwargs)
+        except (NotImplementedError, RuntimeError):
+            if not any(isinstance(x, DTensor) for x in tree_flatten((args, kwargs))[0]):
+                raise
+        # a view DTensor has no sharding rule for: run it on the whole tensor, replicated
+        rep = [Replicate()] * self.mesh.ndim
+        full = lambda x: x.full_tensor() if isinstance(x, DTensor) else x  # noqa: E731
+        res = call_node(n, fx.node.map_aggregate(args, full), fx.node.map_aggregate(kwargs, full))
+        wrap = lambda t: DTensor.from_local(t, self.mesh, rep, run_check=False) \
+            if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return type(res)(wrap(t) for t in res) if isinstance(res, (tuple, list)) else wrap(res)
+
+    def _segment(self, st: Step, env: dict[str, Any]) -> None:
+        names = [r for r in st.reads]
+        outs = list(st.writes)
+
+        def body(*vals):
+            local = dict(zip(names, vals))
+            self.recomputing += 1
+            try:
+                self.run(st.steps, local)
+            finally:
+                self.recomputing -= 1
+            return tuple(local[o] for o in outs)
+
+        res = checkpoint(body, *[env[r] for r in names], use_reentrant=False)
+        env.update(zip(outs, res))
+
+    # ---------------------------------------------------------------- operators
+
+    def _as_dtensor(self, t: torch.Tensor) -> DTensor:
+        if isinstance(t, DTensor):
+            return t
+        return DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+
+    def _operand(self, o, j: int, src, gathered: list) -> Any:
+        if not isinstance(src, torch.Tensor):
+            return src
+        x = self._as_dtensor(src)
+        zero_param = self.params_by_id.get(id(src)) if self.zero else None
+        if x.requires_grad:
+            x = _ContiguousGrad.apply(x)        # redistribute's backward may slice non-contiguously
+        want = [to_placement(p) for p in o.want[j]]
+        x = x.redistribute(self.mesh, want)
+        gpl = [Partial() if o.grad_partial[j][a] else to_placement(o.want[j][a]) for a in range(self.mesh.ndim)]
+        local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
+        if o.param_names[j] is None and local.untyped_storage().nbytes() > local.numel() * local.element_size():
+            # a slice of a larger buffer (gloo's all-to-all is an all-gather and a chunk):
+            # keep only the slice, which is what autograd may save
+            local = local.clone()
+        if zero_param is not None and self.zero >= 3 and not self.recomputing:
+            gathered.append((local.untyped_storage().data_ptr(), src, want))
+        if local.requires_grad:
+            local = _ContiguousGrad.apply(local)
+        return self._fix_operand(o, j, local)
+
+    def _op(self, st: Step, env: dict[str, Any]) -> None:
+        o = st.op
+        local: dict[str, Any] = {}
+        gathered: list = []
+        for j, name in enumerate(o.operand_nodes):
+            local[name] = self._operand(o, j, env[name], gathered)
+        look = lambda a: local[a.name] if a.name in local else env[a.name]  # noqa: E731
+        with _regather_saved(gathered, self.mesh):
+            for m in o.nodes:
+                base, piece = _piece(m)
+                node = self.by_name[base]
+                args = fx.node.map_arg(node.args, look)
+                kwargs = fx.node.map_arg(node.kwargs, look)
+                res = self._call(o, node, args, kwargs, env)
+                local[m if piece is None else base] = res if piece is None else res[piece]
+        for name in st.writes:
+            value = local[name]
+            if name == _piece(o.nodes[-1])[0] and _piece(o.nodes[-1])[1] is not None:     # a split piece
+                k = _piece(o.nodes[-1])[1]
+                slot = env.setdefault(name, [None] * len(self.by_name[name].meta["val"]))
+                slot[k] = self._wrap(o, value)
+            else:
+                env[name] = self._wrap(o, value)
+
+    def _wrap(self, o, value):
+        if isinstance(value, (tuple, list)):
+            first = next((v for v in value if isinstance(v, torch.Tensor)), None)
+            return type(value)(self._wrap(o, v) if v is first or (
+                isinstance(v, torch.Tensor) and first is not None and v.shape == first.shape)
+                else _Unplaced(o.name) if isinstance(v, torch.Tensor) and any(p != "R" for p in o.out) else
+                (self._wrap(o, v) if isinstance(v, torch.Tensor) else v) for v in value)
+        if not isinstance(value, torch.Tensor):
+            return value
+        value = self._fix_output(o, value)
+        if value.requires_grad:
+            value = _ContiguousGrad.apply(value)
+        return DTensor.from_local(value, self.mesh, [to_placement(p) for p in o.out], run_check=False)
+
+    def _call(self, o, node: fx.Node, args, kwargs, env):
+        base = o.base
+        if node.name != _piece(o.nodes[-1])[0] or len(o.nodes) > 1:
+            return call_node(node, args, kwargs)
+        if base == "embedding" and any(s is not None and s in o.contracted for s in o.config.splits):
+            return self._vocab_split_embedding(o, node, args, kwargs)
+        if o.batch_axes:
+            axes = [a for a in o.batch_axes if self.mesh.shape[a] > 1]
+            return sync_batch_norm(node.target, args, kwargs, [self.mesh.get_group(a) for a in axes],
+                                   math.prod(self.mesh.shape[a] for a in axes))
+        if base == "scaled_dot_product_attention":
+            return self._attention(o, node, args, kwargs)
+        if base in _CLASS_LOSSES:
+            return self._class_loss(o, node, args, kwargs, env)
+        return call_node(node, args, kwargs)
+
+    def _attention(self, o, node, args, kwargs):
+        """Causal attention over split queries: the causal mask of this rank's rows."""
+        call = _bind(node, args, kwargs)
+        s_label = o.terms[0][-2]
+        axes = [a for a, s in enumerate(o.config.splits) if s == s_label and self.mesh.shape[a] > 1]
+        if not call.get("is_causal") or not axes:
+            return call_node(node, args, kwargs)
+        q, k = call["query"], call["key"]
+        idx = 0
+        for a in axes:
+            idx = idx * self.mesh.shape[a] + self.coord[a]
+        rows = q.shape[-2]
+        qpos = torch.arange(rows, device=q.device) + idx * rows
+        call["attn_mask"] = torch.arange(k.shape[-2], device=q.device)[None, :] <= qpos[:, None]
+        call["is_causal"] = False
+        return node.target(**call)
+
+    def _class_loss(self, o, node, args, kwargs, env):
+        """Mean over the counted targets of the whole batch: local sum / global count (the
+        targets are the batch every rank is handed, or derived from it)."""
+        axes = [a for a, s in enumerate(o.config.splits) if s is not None and s in o.contracted
+                and self.mesh.shape[a] > 1]
+        call = _bind(node, args, kwargs)
+        if not axes or call.get("reduction", _MEAN) != _MEAN:
+            return call_node(node, args, kwargs)
+        if call.get("weight") is not None:
+            raise NotImplementedError(f"operator {o.name}: a class-weighted loss over a split batch")
+        whole = env.get(o.operand_nodes[1]) if len(o.operand_nodes) > 1 else None
+        if not isinstance(whole, torch.Tensor) or isinstance(whole, DTensor):
+            raise NotImplementedError(f"operator {o.name}: targets computed from activations over a split batch")
+        count = (whole != call.get("ignore_index", -100)).sum().clamp_min(1)
+        call["reduction"] = _SUM
+        return node.target(**call) / count
+
+    def _vocab_split_embedding(self, o, node, args, kwargs):
+        """Rows of the table live on one rank each: look up the local rows, zero the rest
+        (partial sums over the vocabulary axis)."""
+        weight, idx = args[0], args[1]
+        a = next(a for a, s in enumerate(o.config.splits) if s is not None and s in o.contracted)
+        rows = weight.shape[0]
+        lo = self.coord[a] * rows
+        foreign = (idx < lo) | (idx >= lo + rows)
+        out = node.target(weight, (idx - lo).masked_fill(foreign, 0), *args[2:], **kwargs)
+        return out.masked_fill(foreign.unsqueeze(-1), 0.0)
+
+    def _fix_operand(self, o, j: int, local: torch.Tensor) -> torch.Tensor:
+        # Bias of a contraction split over some axis: added on coordinate 0 of that axis only.
+        if o.family in ("linear", "conv", "matmul") and j > 0 and o.param_names[j] is not None:
+            for a, s in enumerate(o.config.splits):
+                if s is not None and s in o.contracted and s not in o.terms[j] and self.coord[a] != 0:
+                    return local * 0
+        return local
+
+    def _fix_output(self, o, out: torch.Tensor) -> torch.Tensor:
+        if len(o.nodes) == 1 and (o.base in _ELEM_LOSSES or o.base == "mean"):
+            n = math.prod(self.mesh.shape[a] for a, s in enumerate(o.config.splits)
+                          if s is not None and s in o.contracted)
+            if n > 1:
+                out = out / n
+        return out
+
+
+_MEAN, _SUM = 1, 2          # aten's reduction enum
+
+
+def _bind(node: fx.Node, args, kwargs) -> dict:
+    """A call's arguments by the aten schema's names."""
+    schema = node.target._schema
+    d = {a.name: v for a, v in zip(schema.arguments, args)}
+    d.update(kwargs)
+    return d
+
+
+class _Unplaced:
+    """A secondary result of a split operator whose layout the plan does not give."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"operator {self.op}: a secondary result of a split operator is used; "
+                           "the plan gives no layout for it")
+
+
+def _replicated_scalar(v):
+    if isinstance(v, DTensor) and v.dim() == 0:
+        return v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim).to_local()
+    return v
+
+
+def _segment(steps: list[Step], fqn: str) -> list[Step]:
+    """Steps with the run of those inside module ``fqn`` folded into one checkpointed segment."""
+    def inside(st: Step) -> bool:
+        if st.kind == "node":
+            return fqn in module_paths(st.node)
+        if st.kind == "op":
+            return st.op.module == fqn or st.op.module.startswith(fqn + ".")
+        return st.name == fqn or st.name.startswith(fqn + ".")
+    idx = [k for k, st in enumerate(steps) if inside(st)]
+    if not idx:
+        raise ValueError(f"plan recomputes module {fqn!r}, but none of its operators runs here")
+    lo, hi = idx[0], idx[-1] + 1
+    body = steps[lo:hi]
+    defined = {w for st in body for w in st.writes}
+    reads = list(dict.fromkeys(r for st in body for r in st.reads if r not in defined))
+    later = {r for st in steps[hi:] for r in st.reads}
+    writes = tuple(w for w in dict.fromkeys(defined) if w in later)
+    return steps[:lo] + [Step("segment", steps=body, name=fqn, reads=tuple(reads), writes=writes)] + steps[hi:]
+
+
+def _liveness(steps: list[Step], keep: set[str]) -> None:
+    """Each step's ``free``: env entries no later step reads (kept: ``keep``)."""
+    last: dict[str, int] = {}
+    for k, st in enumerate(steps):
+        for r in st.reads:
+            last[r] = k
+        for w in st.writes:
+            last.setdefault(w, k)
+    frees: dict[int, list[str]] = {}
+    for name, k in last.items():
+        if name not in keep:
+            frees.setdefault(k, []).append(name)
+    for k, st in enumerate(steps):
+        st.free = tuple(frees.get(k, ()))
+        if st.kind == "segment":
+            _liveness(st.steps, set(st.writes))
+
+
+def _regather_saved(gathered, mesh: DeviceMesh):
+    """ZeRO-3: tensors autograd saves that live in a gathered parameter's storage are saved as
+    a reference to the sharded parameter and gathered again when backward needs them."""
+    if not gathered:
+        return contextlib.nullcontext()
+    ptrs = {ptr: (param, want) for ptr, param, want in gathered}
+
+    def pack(t: torch.Tensor):
+        if isinstance(t, DTensor) or t.device.type == "meta":
+            return t
+        hit = ptrs.get(t.untyped_storage().data_ptr())
+        if hit is None:
+            return t
+        return _Regather(hit[0], hit[1], tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+    def unpack(obj):
+        if not isinstance(obj, _Regather):
+            return obj
+        with torch.no_grad():
+            full = obj.param.detach().redistribute(mesh, obj.want).to_local()
+        return full.as_strided(obj.shape, obj.stride, obj.offset)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+@dataclass
+class _Regather:
+    param: Any
+    want: list
+    shape: tuple
+    stride: tuple
+    offset: int
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (DTensor views of the gradient
+    between operators need it)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _reduce_partial_grad(p: torch.Tensor) -> None:
+    g = p.grad
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        p.grad = g.redistribute(p.device_mesh, p.placements)
+
