@@ -3,10 +3,10 @@
     torchrun --standalone --nproc-per-node 4 -m tensoropt.train --model gpt-tiny --devices cpu:4 \\
         --budget 2MB --steps 5
 
-Every rank searches the same frontier (deterministic), picks ``Frontier.best(budget)`` among
-the plans the apply layer can lay out (others are skipped with their reason), parallelizes a
-model built with the same seed, and trains ``--steps`` Adam steps on one fixed batch (every
-rank passes the full batch). Each rank prints loss, step time and peak memory.
+Every rank searches the same frontier (deterministic), picks ``Frontier.best(budget)``,
+parallelizes a model built with the same seed (any plan, pipelines included) and trains
+``--steps`` Adam steps on one fixed batch (every rank passes the full batch). Each rank prints
+loss, step time and peak memory.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     import tensoropt
-    from tensoropt.apply import PlanNotApplicable, parallelize, plan_layout
-    from tensoropt.capture import capture
+    from tensoropt.apply import PipelineRunner, parallelize, train_step
     from tensoropt.models import example_inputs, get_model
-    from tensoropt.units import format_bytes, parse_bytes
+    from tensoropt.search import InfeasibleBudget
+    from tensoropt.units import format_bytes
 
     if "RANK" not in os.environ:
         print("tensoropt.train must run under torchrun: torchrun --standalone --nproc-per-node N "
@@ -47,43 +47,18 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = get_model(args.model, device="meta")
     meta_inputs = tuple(example_inputs(args.model, args.batch_size, device="meta"))
-    graph = capture(meta, meta_inputs, name=args.model)
-    plan, skipped = None, []
-    # The full frontier first; if no point under the budget is applicable (ZeRO or
-    # recomputation with model-parallel axes, pipelines), the frontier without those choices.
-    for extras in (True, False):
-        f = tensoropt.frontier(meta, args.devices, inputs=meta_inputs, progress=False,
-                               zero=extras, recompute=extras)
-        budget = f.device_memory_bytes if args.budget is None else float(parse_bytes(args.budget))
-        for p in f.plans:
-            if p.peak_memory_bytes > budget:
-                continue
-            try:
-                if not p.stages:                  # pipeline plans run with apply.pipeline
-                    plan_layout(p, meta, graph)
-            except PlanNotApplicable as err:
-                skipped.append(f"{p.summary}: {err}")
-                continue
-            plan = p
-            break
-        if plan is not None:
-            break
-    if plan is None:
+    f = tensoropt.frontier(meta, args.devices, inputs=meta_inputs, progress=False)
+    try:
+        plan = f.best(args.budget)
+    except InfeasibleBudget as err:
         if rank == 0:
-            print(f"no applicable plan for {args.model} on {args.devices} fits {format_bytes(budget)}; "
-                  f"least memory on the frontier: {format_bytes(f.min_memory().memory_bytes)}", file=sys.stderr)
-            for s in skipped[:5]:
-                print("  skipped", s, file=sys.stderr)
+            print(str(err), file=sys.stderr)
         dist.destroy_process_group()
         return 1
     if plan.world_size != world:
         raise SystemExit(f"--devices {args.devices} gives {plan.world_size} devices but torchrun started {world}")
     if rank == 0:
         print(f"plan: {plan}", flush=True)
-        for s in skipped[:3]:
-            print(f"  (faster plan skipped: {s})", flush=True)
-        if len(skipped) > 3:
-            print(f"  ({len(skipped) - 3} more skipped)", flush=True)
         if args.plan_out:
             plan.save(args.plan_out)
 
@@ -91,21 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     model = get_model(args.model, device="cpu")
     torch.manual_seed(1)
     inputs = tuple(example_inputs(args.model, args.batch_size, device="cpu"))
-    if plan.stages:
-        from tensoropt.apply import pipeline
-        runner = pipeline(model, plan, inputs=inputs)
-        params = runner.parameters()
+    model = parallelize(model, plan)
+    params = list(model.parameters())
 
-        def forward_backward():
-            return runner.step(*inputs)
-    else:
-        parallelize(model, plan, graph=graph)
-        params = list(model.parameters())
-
-        def forward_backward():
-            loss = model(*inputs)
-            loss.backward()
-            return loss
+    def forward_backward():
+        return train_step(model, *inputs)
     opt = torch.optim.Adam(params, lr=args.lr)
     from tensoropt.apply import peak_memory
 
@@ -120,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             holder["loss"] = float(loss.detach())
 
         if step == args.steps - 1:
-            mem = peak_memory(one_step, model, opt, modules=not plan.stages)["peak_bytes"]
+            pipelined = isinstance(model, PipelineRunner)
+            mem = peak_memory(one_step, model.model if pipelined else model, opt, modules=not pipelined)["peak_bytes"]
         else:
             one_step()
             mem = None

@@ -185,8 +185,6 @@ def results_4():
 
 def _check_exact(res: dict) -> None:
     if not res["ok"]:
-        if res.get("not_applicable") and "min_memory" in res["case"]:
-            pytest.xfail(f"frontier point not applicable yet: {res['error']}")
         raise AssertionError(f"{res['case']} failed: {res['error']}\n{res.get('trace', '')}")
     assert res["grad_missing"] == []
     assert res["loss_rel"] < 1e-5, res
@@ -197,6 +195,8 @@ def _check_exact(res: dict) -> None:
 def _check_comms(res: dict, world: int) -> None:
     if not res["ok"]:
         pytest.skip("case did not run")
+    if res["mode"] == "pipeline":
+        pytest.skip("collectives of pipeline plans are not predicted per operator")
     known = KNOWN_COMM_MISMATCH.get((res["case"], world))
     pred, meas = res["predicted"], res["measured"]
     off = {k: (pred.get(k, {}).get("bytes", 0), meas.get(k, {}).get("bytes", 0))

@@ -68,7 +68,7 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
     plan = Plan.load(plan_path)
     model = make_model(key)
     inputs = make_inputs(key)
-    parallelize(model, plan, graph=graph)
+    parallelize(model, plan)
     layout = getattr(model, "_tensoropt_plan_layout", None)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
 

@@ -98,10 +98,9 @@ def build(key: str, plan, graph):
     model = make_model(key)
     inputs = make_inputs(key)
     if plan.stages:
-        from tensoropt.apply import pipeline
-        runner = pipeline(model, plan, inputs=inputs)
+        runner = parallelize(model, plan)
         return (lambda: runner.step(*inputs)), list(runner.parameters()), runner.full_grads, model, model
-    parallelize(model, plan, graph=graph)
+    parallelize(model, plan)
 
     def step():
         loss = model(*inputs)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
-from tensoropt.apply import count_collectives, full_grads, parallelize, step_peak_memory  # noqa: E402
+from tensoropt.apply import PipelineRunner, count_collectives, full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
 from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
@@ -69,10 +69,12 @@ def three_adam_steps(model, inputs) -> tuple:
     opt.step()
     opt.zero_grad()
     for _ in range(2):
-        model(*inputs).backward()
+        train_step(model, *inputs)
         opt.step()
         opt.zero_grad()
-    return opt, float(model(*inputs).detach())
+    loss = float(train_step(model, *inputs).detach())
+    opt.zero_grad()
+    return opt, loss
 
 
 def make_inputs(key: str, device: str = "cpu") -> tuple:
@@ -136,19 +138,17 @@ def run_case(case: str, world: int, measure: bool) -> dict:
 
     loss_ref, g_ref, loss3_ref = single_process_reference(key, inputs)
 
-    model = make_model(key)
-    parallelize(model, plan, graph=graph)
-    layout = model._tensoropt_plan_layout
+    model = parallelize(make_model(key), plan)
+    pipelined = isinstance(model, PipelineRunner)
+    mode = "pipeline" if pipelined else model._tensoropt_plan_layout.mode
     res = {"case": case, "world": world, "plan": plan.summary, "label": plan.label, "mesh": list(plan.mesh_shape),
-           "mode": layout.mode, "predicted_memory_bytes": plan.memory_bytes,
+           "mode": mode, "predicted_memory_bytes": plan.memory_bytes,
            "predicted_peak_bytes": plan.peak_memory_bytes}
 
     def step():
-        loss = model(*inputs)
-        loss.backward()
-        return loss
+        return train_step(model, *inputs)
 
-    if measure:
+    if measure and not pipelined:
         out = {}
         measured = count_collectives(lambda: out.setdefault("loss", step()))
         loss = out["loss"]
@@ -158,14 +158,14 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss"] = float(loss.detach())
     res["loss_ref"] = float(loss_ref.detach())
     res["loss_rel"] = abs(res["loss"] - res["loss_ref"]) / abs(res["loss_ref"])
-    grads = full_grads(model)
+    grads = model.full_grads() if pipelined else full_grads(model)
     floor = 1e-4 * max(float(g.abs().max()) for g in g_ref.values())
     errs = {n: (rel_err(grads[n], g, floor) if grads.get(n) is not None else None) for n, g in g_ref.items()}
     res["grad_missing"] = [n for n, e in errs.items() if e is None]
     res["grad_max_rel"] = max((e for e in errs.values() if e is not None), default=0.0)
     res["grad_worst"] = max(errs, key=lambda n: errs[n] or 0.0)
     if measured is not None:
-        pred = predicted_collectives(plan, graph, apply_mode=layout.mode)
+        pred = predicted_collectives(plan, graph, apply_mode=mode)
         res["predicted"] = summarize_for_backend(pred, tuple(plan.mesh_shape), "gloo")
         res["predicted_raw"] = summarize(pred)
         res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}
@@ -173,7 +173,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
-        mem = step_peak_memory(step, opt, model)
+        mem = step_peak_memory(step, opt, model.model if pipelined else model, modules=not pipelined)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
     return res
