@@ -13,7 +13,8 @@ from typing import Sequence
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, label_sizes
 
-__all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated"]
+__all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated",
+           "apply_mode"]
 
 _BATCH_STAT_NORMS = ("batch_norm",)
 
@@ -75,3 +76,13 @@ def runs_replicated(graph: OpGraph, cfgs: Sequence[OpConfig], mesh_shape: Sequen
     if len(dp) != len(sizes):
         return False
     return not any(batch_statistics_axes(op, c) for op, c in zip(graph.operators, cfgs))
+
+
+def apply_mode(graph: OpGraph, plan) -> str:
+    """How ``tensoropt.apply`` runs ``plan`` (a :class:`~tensoropt.plan.Plan` of ``graph``):
+    "pipeline", "replicate" (FSDP2 on the model's own code) or "dtensor" (the captured
+    program, operator by operator)."""
+    if plan.stages:
+        return "pipeline"
+    cfgs = [OpConfig.parse(o.config) for o in plan.ops]
+    return "replicate" if runs_replicated(graph, cfgs, plan.mesh_shape) else "dtensor"

@@ -91,7 +91,10 @@ def sub_graph(graph: OpGraph, ops: tuple[int, ...]) -> tuple[OpGraph, dict[int, 
     edges = tuple(Edge(index[e.src], index[e.dst], e.operand, e.dim_map) for e in graph.edges
                   if e.src in index and e.dst in index)
     blocks = tuple(tuple(index[i] for i in b) for b in graph.blocks if all(i in index for i in b))
-    sub = replace(graph, operators=operators, edges=edges, blocks=blocks if len(blocks) > 1 else ())
+    modules = tuple(m for m in graph.block_modules
+                    if any(op.module == m or op.module.startswith(m + ".") for op in operators))
+    sub = replace(graph, operators=operators, edges=edges, blocks=blocks if len(blocks) > 1 else (),
+                  block_modules=modules)
     return sub, index
 
 

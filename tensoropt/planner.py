@@ -5,7 +5,8 @@ and every edge (``costmodel``) and hands the engine a plain :class:`CostGraph`, 
 graph's identical blocks declared so the engine composes them by repeated squaring.
 Operators with identical shapes and roles share one cost computation.
 
-Activation recomputation is one more node per recompute unit (each ``layers.<i>`` module),
+Activation recomputation is one more node per recompute unit (each repeated block's module,
+``OpGraph.block_modules``; in a graph without blocks each ``layers.<i>`` module),
 with two configurations, keep (0) or recompute (1), and an edge to every operator of the
 unit: keep charges the operator's saved activations, recompute charges a second forward
 instead (and, on the unit's first operator, the unit input that the checkpoint keeps).
@@ -84,9 +85,13 @@ def owners(graph: OpGraph) -> list[bool]:
 def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
     """Operators grouped by the repeated block that owns them (``graph.block_modules``), in
     order; a graph without blocks by its ``layers.<i>`` modules."""
-    if graph.block_modules:
-        return [(name, tuple(ops)) for name, ops in zip(graph.block_modules, graph.blocks)]
     units: dict[str, list[int]] = {}
+    if graph.block_modules:
+        for i, op in enumerate(graph.operators):
+            name = next((m for m in graph.block_modules if op.module == m or op.module.startswith(m + ".")), None)
+            if name is not None:
+                units.setdefault(name, []).append(i)
+        return [(name, tuple(ops)) for name, ops in units.items()]
     for i, op in enumerate(graph.operators):
         m = _UNIT.match(op.module)
         if m:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import tensoropt
@@ -133,11 +134,12 @@ def no_torchrun_env(monkeypatch):
     assert not dist.is_initialized()
 
 
-def test_pipeline_plan_is_refused_by_parallelize_with_pointer():
-    f = tensoropt.frontier("gpt-tiny", "cpu:2", progress=False)
-    pp = next(p for p in f.plans if p.stages)
-    with pytest.raises(PlanNotApplicable, match="tensoropt.apply.pipeline"):
-        plan_layout(pp, get_model("gpt-tiny", device="meta"))
+def test_pipeline_runner_refuses_a_model_call_with_pointer():
+    from tensoropt.apply import PipelineRunner
+
+    runner = PipelineRunner.__new__(PipelineRunner)
+    with pytest.raises(TypeError, match="runner.step"):
+        runner(torch.zeros(2))
 
 
 def test_pipeline_needs_a_pipeline_plan(no_torchrun_env):

@@ -104,9 +104,9 @@ class ProgramRunner:
         self.params_by_id: dict[int, str] = {}
         self.recomputing = 0
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
-        self.steps = self._steps([n for n in nodes if not _skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
         out = next(n for n in program.graph.nodes if n.op == "output")
         self.keep = set(keep) | {a.name for a in out.all_input_nodes}
+        self.steps = self._steps([n for n in nodes if not _skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
         _liveness(self.steps, self.keep)
 
     # ---------------------------------------------------------------- steps
@@ -126,7 +126,7 @@ class ProgramRunner:
             elif n.name not in members:
                 steps.append(Step("node", node=n, reads=tuple(a.name for a in n.all_input_nodes), writes=(n.name,)))
         for fqn in recompute:
-            steps = _segment(steps, fqn)
+            steps = _segment(steps, fqn, self.keep)
         return steps
 
     def _op_step(self, o, members) -> Step:
@@ -459,7 +459,7 @@ def _replicated_scalar(v):
     return v
 
 
-def _segment(steps: list[Step], fqn: str) -> list[Step]:
+def _segment(steps: list[Step], fqn: str, keep: set[str]) -> list[Step]:
     """Steps with the run of those inside module ``fqn`` folded into one checkpointed segment."""
     def inside(st: Step) -> bool:
         if st.kind == "node":
@@ -475,7 +475,7 @@ def _segment(steps: list[Step], fqn: str) -> list[Step]:
     defined = {w for st in body for w in st.writes}
     reads = list(dict.fromkeys(r for st in body for r in st.reads if r not in defined))
     later = {r for st in steps[hi:] for r in st.reads}
-    writes = tuple(w for w in dict.fromkeys(defined) if w in later)
+    writes = tuple(w for w in dict.fromkeys(defined) if w in later or w in keep)
     return steps[:lo] + [Step("segment", steps=body, name=fqn, reads=tuple(reads), writes=writes)] + steps[hi:]
 
 

@@ -49,9 +49,9 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
 def apply_mode(key: str, plan, graph=None) -> str:
     """How ``tensoropt.apply`` will lay ``plan`` out ("replicate" or "dtensor"), decided
     without collectives on a meta model."""
-    from ..apply import plan_layout
+    from ..execution import apply_mode as mode
 
-    return plan_layout(plan, make_model(key, "meta"), graph if graph is not None else capture_graph(key)).mode
+    return mode(graph if graph is not None else capture_graph(key), plan)
 
 
 def capture_graph(key: str):
@@ -107,7 +107,9 @@ def select_plans(key: str, world: int, profile: str | None, *, max_plans: int = 
         seen.add(k)
         c = CandidatePlan(key, role, plan)
         try:
-            c.apply_mode = plan_layout(plan, meta, graph).mode
+            if not plan.stages:
+                plan_layout(plan, meta)
+            c.apply_mode = apply_mode(key, plan, graph)
         except (PlanNotApplicable, ValueError) as err:
             c.applicable, c.reason = False, f"{type(err).__name__}: {err}"
         out.append(c)

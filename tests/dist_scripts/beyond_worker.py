@@ -34,14 +34,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, single_process_reference  # noqa: E402
 
-from tensoropt.apply import full_grads, parallelize, plan_layout, step_peak_memory  # noqa: E402
+from tensoropt.apply import full_grads, parallelize, step_peak_memory  # noqa: E402
+from tensoropt.execution import apply_mode  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 
 def _mode(plan, key: str, graph) -> str:
-    if plan.stages:
-        return "pipeline"
-    return plan_layout(plan, make_model(key, "meta"), graph).mode
+    return apply_mode(graph, plan)
 
 
 def _matches(plan, key: str, which: str, graph) -> bool:
