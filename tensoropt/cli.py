@@ -68,6 +68,10 @@ def _run_frontier(args) -> int:
             print("\nreference plans:")
             print(f.references_to_pandas()[["label"] + cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
+        for u in f.stats.get("unpriced_ops", []):
+            print(f"not priced (no rule: kept replicated, per-element estimate): {u['operator']} "
+                  f"{'+'.join(u['aten'])} {u['flops_fwd']:.3g} FLOPs forward, "
+                  f"{(u['operand_bytes'] + u['output_bytes']) / 2**20:.1f} MiB in and out")
     plan = f.best(args.budget) if args.budget else f.min_time()
     if args.budget and args.format == "table":
         print(f"\nfastest plan within {args.budget}: {plan}")

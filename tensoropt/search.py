@@ -279,8 +279,20 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
     stats = {"search_s": time.monotonic() - start, "meshes": sorted({str(p.mesh) for p in problems}),
              "operators": len(graph.operators), "candidates": len(points),
              "search_space": space.describe(),
-             "unsupported_ops": list(graph.unsupported)}
+             "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph)}
     return Frontier(graph.name, ctx.devices, plans, refs, float(cluster.device.memory_bytes), stats)
+
+
+def unpriced_ops(graph: OpGraph) -> list[dict]:
+    """Operators capture has no rule for (family "other"): kept replicated on every device and
+    priced by a per-element estimate only. Their FLOPs and bytes say how much that can matter."""
+    out = []
+    for op in graph.operators:
+        if op.family == "other":
+            out.append({"operator": op.name, "aten": list(op.aten), "module": op.module,
+                        "flops_fwd": op.flops_fwd, "flops_bwd": op.flops_bwd,
+                        "operand_bytes": sum(t.nbytes for t in op.operands), "output_bytes": op.output.nbytes})
+    return out
 
 
 @contextmanager

@@ -1,0 +1,111 @@
+"""Third-party models under ``tensoropt.parallelize``: one saved frontier plan per case; run under torchrun.
+
+    torchrun --standalone --nproc-per-node N tests/dist_scripts/conformance_worker.py \\
+        --plans DIR --case llama:0,llama:3,...
+
+Case ``family:k`` loads ``DIR/family-k.json`` (a plan saved by the test from the frontier it
+searched on ``cpu:N``), builds the family's model with the same seed as the single-process
+reference, lays it out with ``tensoropt.parallelize(model, path)`` -- nothing else: no graph,
+no inputs, whatever the plan (pipelines included) -- and compares the first step's loss and
+every gradient, the loss after three Adam steps, and one step's peak memory with the plan's
+``peak_memory_bytes``. Rank 0 prints one ``RESULT {json}`` line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import tensoropt  # noqa: E402
+from tensoropt.apply import PipelineRunner, full_grads, step_peak_memory, train_step  # noqa: E402
+from tensoropt.launch import finish_worker, run_each  # noqa: E402
+from tests.third_party.families import FAMILIES  # noqa: E402
+
+BATCH = 8
+LR = 1e-2
+
+
+def call(model, inputs):
+    """One forward + backward (``train_step``) with the family's inputs, positional or keyword."""
+    if isinstance(inputs, dict):
+        return train_step(model, **inputs)
+    return train_step(model, *inputs)
+
+
+def three_adam_steps(model, params, inputs) -> tuple:
+    """From the first step's gradients: three Adam steps, then the loss."""
+    opt = torch.optim.Adam(params, lr=LR)
+    opt.step()
+    opt.zero_grad()
+    for _ in range(2):
+        call(model, inputs)
+        opt.step()
+        opt.zero_grad()
+    loss = float(call(model, inputs).detach())
+    opt.zero_grad()
+    return opt, loss
+
+
+_REFERENCE: dict = {}
+
+
+def reference(family: str):
+    if family not in _REFERENCE:
+        fam = FAMILIES[family]
+        inputs = fam.inputs(BATCH, "cpu")
+        model = fam.build()
+        loss = float(call(model, inputs).detach())
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        _, loss3 = three_adam_steps(model, list(model.parameters()), inputs)
+        _REFERENCE[family] = (loss, grads, loss3)
+    return _REFERENCE[family]
+
+
+def run_case(case: str, world: int, plans: str) -> dict:
+    family, k = case.split(":")
+    path = os.path.join(plans, f"{family}-{k}.json")
+    plan = tensoropt.Plan.load(path)
+    fam = FAMILIES[family]
+    inputs = fam.inputs(BATCH, "cpu")
+    loss_ref, g_ref, loss3_ref = reference(family)
+
+    model = tensoropt.parallelize(fam.build(), path)
+    pipelined = isinstance(model, PipelineRunner)
+    params = list(model.parameters())
+    loss = float(call(model, inputs).detach())
+    grads = model.full_grads() if pipelined else full_grads(model)
+    floor = 1e-4 * max(float(g.abs().max()) for g in g_ref.values())
+    errs = {n: float((grads[n] - g).abs().max()) / max(float(g.abs().max()), floor)
+            for n, g in g_ref.items() if grads.get(n) is not None}
+    opt, loss3 = three_adam_steps(model, params, inputs)
+    mem = step_peak_memory(lambda: call(model, inputs), opt, model.model if pipelined else model,
+                           modules=not pipelined, repeats=1)
+    return {"case": case, "world": world, "plan": plan.summary, "stages": len(plan.stages),
+            "loss": loss, "loss_ref": loss_ref, "loss_rel": abs(loss - loss_ref) / abs(loss_ref),
+            "grad_missing": sorted(set(g_ref) - set(errs)), "grad_max_rel": max(errs.values(), default=0.0),
+            "grad_worst": max(errs, key=errs.get) if errs else None,
+            "loss3": loss3, "loss3_ref": loss3_ref, "loss3_rel": abs(loss3 - loss3_ref) / abs(loss3_ref),
+            "peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": plan.peak_memory_bytes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True, help="comma-separated family:k")
+    ap.add_argument("--plans", required=True, help="directory of the saved plans")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    torch.set_num_threads(1)
+    run_each(args.case.split(","), lambda case: run_case(case, world, args.plans),
+             lambda case: {"case": case, "world": world})
+
+
+if __name__ == "__main__":
+    main()
+    finish_worker()

@@ -1,0 +1,139 @@
+"""Third-party models end to end: transformers families and a torchtitan-style Llama 3.
+
+For every family of ``tests/third_party/families.py`` (tiny configurations, built as their
+users build them): capture finds one repeated block per layer and prices every op; the
+frontiers on ``cpu:2`` and ``cpu:4`` hold pipeline plans; and plans spread along each frontier
+-- the fastest, the least memory, four in between, a pipeline plan among them -- are saved,
+loaded by a torchrun launch and laid out with ``tensoropt.parallelize(model, path)`` alone.
+Each must match single-process training (first loss and every gradient within 1e-4, the
+loss after three Adam steps within 1e-4) and its measured peak memory must be within 10 %
+of ``Plan.peak_memory_bytes``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tensoropt
+from tensoropt.capture import capture
+from tensoropt.launch import run_torchrun
+from tests.third_party.families import FAMILIES
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).parent / "dist_scripts" / "conformance_worker.py"
+BATCH = 8
+WORLDS = (2, 4)
+NAMES = list(FAMILIES)
+TOL = 1e-4
+
+
+def spread(plans: list, between: int = 4) -> list[int]:
+    """Frontier indices: the fastest, the least memory and ``between`` evenly spaced in between,
+    one of them a pipeline plan when the frontier has any."""
+    n = len(plans)
+    if n <= between + 2:
+        return list(range(n))
+    picks = [0] + [round(k * (n - 1) / (between + 1)) for k in range(1, between + 1)] + [n - 1]
+    pipes = [i for i, p in enumerate(plans) if p.stages]
+    if pipes and not any(plans[i].stages for i in picks):
+        inner = min(range(1, between + 1), key=lambda j: min(abs(picks[j] - i) for i in pipes))
+        picks[inner] = min(pipes, key=lambda i: abs(picks[inner] - i))
+    return sorted(set(picks))
+
+
+@pytest.fixture(scope="session")
+def frontiers():
+    out = {}
+    for name, fam in FAMILIES.items():
+        model = fam.build("meta")
+        for world in WORLDS:
+            out[name, world] = tensoropt.frontier(model, f"cpu:{world}", inputs=fam.inputs(BATCH, "meta"),
+                                                  progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def plan_dirs(frontiers, tmp_path_factory):
+    dirs = {}
+    for world in WORLDS:
+        d = tmp_path_factory.mktemp(f"plans{world}")
+        cases = []
+        for name in NAMES:
+            plans = frontiers[name, world].plans
+            for k in spread(plans):
+                plans[k].save(d / f"{name}-{k}.json")
+                cases.append(f"{name}:{k}")
+        dirs[world] = (d, cases)
+    return dirs
+
+
+def _launch(plan_dirs, world: int) -> dict:
+    d, cases = plan_dirs[world]
+    r = run_torchrun(WORKER, ["--plans", str(d), "--case", ",".join(cases)], nproc=world, timeout=1500)
+    out = {res["case"]: res for res in r.results}
+    assert r.ok and set(out) == set(cases), r.summary()
+    return out
+
+
+@pytest.fixture(scope="session")
+def results(plan_dirs):
+    return {world: _launch(plan_dirs, world) for world in WORLDS}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_capture_finds_every_layer_and_prices_every_op(name):
+    fam = FAMILIES[name]
+    model = fam.build("meta")
+    graph = capture(model, fam.inputs(BATCH, "meta"))
+    assert len(graph.blocks) == fam.layers, (graph.block_modules, fam.layers)
+    assert len(graph.block_modules) == fam.layers
+    for fqn in graph.block_modules:
+        model.get_submodule(fqn)
+    assert graph.unsupported == ()
+    assert not any(op.family == "other" for op in graph.operators)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_frontier_has_pipeline_plans(frontiers, name, world):
+    f = frontiers[name, world]
+    assert any(p.stages for p in f.plans), [p.summary for p in f.plans]
+    assert all(p.inputs for p in f.plans)          # what parallelize needs to capture again
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_plans_along_the_frontier_match_single_process(results, frontiers, name, world):
+    runs = {c: r for c, r in results[world].items() if c.split(":")[0] == name}
+    assert len(runs) >= min(6, len(frontiers[name, world].plans))
+    assert any(r.get("stages") for r in runs.values()), "no pipeline plan among the runs"
+    for case, r in runs.items():
+        assert r["ok"], f"{case} ({r.get('plan')}): {r.get('error')}\n{r.get('trace', '')}"
+        assert r["grad_missing"] == [], (case, r["plan"], r["grad_missing"])
+        assert r["loss_rel"] < TOL, (case, r["plan"], r["loss"], r["loss_ref"])
+        assert r["grad_max_rel"] < TOL, (case, r["plan"], r["grad_worst"], r["grad_max_rel"])
+        assert r["loss3_rel"] < TOL, (case, r["plan"], r["loss3"], r["loss3_ref"])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_peak_memory_within_ten_percent(results, name, world):
+    runs = {c: r for c, r in results[world].items() if c.split(":")[0] == name and r["ok"]}
+    assert runs
+    off = {c: (r["plan"], r["peak_bytes"], round(r["peak_bytes"] / r["predicted_peak_bytes"] - 1, 3))
+           for c, r in runs.items()}
+    assert all(abs(v[2]) < 0.10 for v in off.values()), off
+
+
+def test_spread_picks_ends_and_a_pipeline_plan():
+    class P:
+        def __init__(self, stages):
+            self.stages = stages
+    plans = [P(()) for _ in range(20)]
+    plans[17].stages = ("s",)
+    picks = spread(plans)
+    assert picks[0] == 0 and picks[-1] == 19 and len(picks) == 6
+    assert 17 in picks
