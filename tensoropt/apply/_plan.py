@@ -166,13 +166,15 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         want = tuple(term_placements(cfg, t) for t in terms)
         gp = tuple(tuple(s is not None and s not in t for s in cfg.splits) for t in terms)
         outp = term_placements(cfg, out, contracted)
-        for t, pname, w in zip(terms, op.param_names, want):
+        for j, (pname, w) in enumerate(zip(op.param_names, want)):
             if pname is None:
                 continue
             if pname not in params:
                 raise ValueError(f"operator {op.name} uses parameter {pname!r}, which the model does not have")
-            pplace.setdefault(pname, w)
             shape = tuple(params[pname].shape)
+            w = _storage_placements(program, op.operand_nodes[j] if op.operand_nodes else None, w,
+                                    op.operands[j].shape, shape)
+            pplace.setdefault(pname, w)
             cut = {}
             for a, p in enumerate(w):
                 if p.startswith("S("):
@@ -193,6 +195,23 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         except AttributeError:
             raise ValueError(f"plan recomputes module {fqn!r}, which the model does not have") from None
     return PlanLayout(plan, graph, ops, pplace, dp_axes, mode, program, call)
+
+
+def _storage_placements(program, node: str | None, want: tuple[str, ...], operand_shape, shape) -> tuple[str, ...]:
+    """A parameter's own placements for an operand that shows it through views (a transpose
+    moves the split dim; a dim it is expanded along is replicated: the operand's shards are
+    local slices of it)."""
+    if program is None or node is None:
+        return want
+    _, dims = program.source_dims(node)
+    out = []
+    for p in want:
+        if p.startswith("S("):
+            d = int(p[2:-1])
+            pd = dims[d] if d < len(dims) else None
+            p = f"S({pd})" if pd is not None and pd < len(shape) and shape[pd] == operand_shape[d] else "R"
+        out.append(p)
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------- apply

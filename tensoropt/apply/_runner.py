@@ -186,7 +186,7 @@ class ProgramRunner:
                 if pname is None or pname in seen or pname not in params:
                     continue
                 seen.add(pname)
-                want = list(o.want[j])
+                want = list(self.layout.param_placements[pname])
                 axes = []
                 pshape = list(params[pname].shape)
                 for a, pl in enumerate(want):
@@ -312,7 +312,7 @@ class ProgramRunner:
         if zero_param is not None and self.zero >= 3 and not self.recomputing:
             gathered.append((local.untyped_storage().data_ptr(), src, want))
         if local.requires_grad:
-            local = _ContiguousGrad.apply(local)
+            local = (_OwnGrad if o.param_names[j] is not None else _ContiguousGrad).apply(local)
         return self._fix_operand(o, j, local)
 
     def _op(self, st: Step, env: dict[str, Any]) -> None:
@@ -542,6 +542,22 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g.contiguous()
+
+
+class _OwnGrad(torch.autograd.Function):
+    """Identity whose backward hands on a gradient of its own. A parameter's gradient can
+    otherwise be a tensor that autograd also passes on (a parameter added to an activation
+    of its own shape): ``AccumulateGrad`` then keeps that very tensor as ``.grad``, a slice of
+    it may become another parameter's ``.grad``, and the next accumulation (a pipeline's next
+    micro-batch) adds into both."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.clone(memory_format=torch.contiguous_format)
 
 
 def _reduce_partial_grad(p: torch.Tensor) -> None:

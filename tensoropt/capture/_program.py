@@ -44,6 +44,36 @@ class Program:
     def placeholders(self) -> list[fx.Node]:
         return [n for n in self.graph.nodes if n.op == "placeholder"]
 
+    def source_dims(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        """(the placeholder a node views, per dim of the node the placeholder dim it shows or
+        None): how a parameter reaches an operator through views (a transpose, an expand)."""
+        from ._build import pname
+        from ._views import SPLIT_VIEWS, identity, piece_map, view_map
+
+        by_name = {n.name: n for n in self.graph.nodes}
+        node = by_name[name]
+        out = node.meta["val"]
+        dims: tuple[int | None, ...] = identity(out.dim())
+        while node.op != "placeholder":
+            kind = pname(node)
+            if kind == "getitem":
+                src = node.args[0]
+                piece = node.meta["val"]
+                m = piece_map(pname(src), tuple(src.args), tuple(src.args[0].meta["val"].shape), tuple(piece.shape)) \
+                    if pname(src) in SPLIT_VIEWS else None
+                node = src.args[0] if m is not None else src
+            else:
+                src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+                if src is None:
+                    break
+                m = view_map(kind, tuple(node.args), dict(node.kwargs), tuple(src.meta["val"].shape),
+                             tuple(node.meta["val"].shape))
+                node = src
+            if m is None:
+                return node.name, (None,) * len(dims)
+            dims = tuple(m[d] if d is not None and d < len(m) else None for d in dims)
+        return node.name, dims
+
     def user_inputs(self) -> list[str]:
         return [n for n, k in self.input_kinds.items() if k == "input"]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -68,6 +69,7 @@ def reference(family: str):
 
 
 def run_case(case: str, world: int, plans: str) -> dict:
+    t0 = time.perf_counter()
     family, k = case.split(":")
     path = os.path.join(plans, f"{family}-{k}.json")
     plan = tensoropt.Plan.load(path)
@@ -75,7 +77,9 @@ def run_case(case: str, world: int, plans: str) -> dict:
     inputs = fam.inputs(BATCH, "cpu")
     loss_ref, g_ref, loss3_ref = reference(family)
 
+    t1 = time.perf_counter()
     model = tensoropt.parallelize(fam.build(), path)
+    t2 = time.perf_counter()
     pipelined = isinstance(model, PipelineRunner)
     params = list(model.parameters())
     loss = float(call(model, inputs).detach())
@@ -91,7 +95,8 @@ def run_case(case: str, world: int, plans: str) -> dict:
             "grad_missing": sorted(set(g_ref) - set(errs)), "grad_max_rel": max(errs.values(), default=0.0),
             "grad_worst": max(errs, key=errs.get) if errs else None,
             "loss3": loss3, "loss3_ref": loss3_ref, "loss3_rel": abs(loss3 - loss3_ref) / abs(loss3_ref),
-            "peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": plan.peak_memory_bytes}
+            "peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": plan.peak_memory_bytes,
+            "seconds": {"reference": t1 - t0, "parallelize": t2 - t1, "steps": time.perf_counter() - t2}}
 
 
 def main() -> None:
