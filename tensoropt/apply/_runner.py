@@ -328,6 +328,9 @@ class ProgramRunner:
                 node = self.by_name[base]
                 args = fx.node.map_arg(node.args, look)
                 kwargs = fx.node.map_arg(node.kwargs, look)
+                if _mutates_first(node) and node.args[0].name in o.operand_nodes:
+                    # in place on an operand: on this operator's own copy of it
+                    args = (args[0].clone(), *args[1:])
                 res = self._call(o, node, args, kwargs, env)
                 local[m if piece is None else base] = res if piece is None else res[piece]
         for name in st.writes:
@@ -432,6 +435,14 @@ class ProgramRunner:
 
 
 _MEAN, _SUM = 1, 2          # aten's reduction enum
+
+
+def _mutates_first(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
 
 
 def _bind(node: fx.Node, args, kwargs) -> dict:

@@ -7,8 +7,9 @@ Case ``family:k`` loads ``DIR/family-k.json`` (a plan saved by the test from the
 searched on ``cpu:N``), builds the family's model with the same seed as the single-process
 reference, lays it out with ``tensoropt.parallelize(model, path)`` -- nothing else: no graph,
 no inputs, whatever the plan (pipelines included) -- and compares the first step's loss and
-every gradient, the loss after three Adam steps, and one step's peak memory with the plan's
-``peak_memory_bytes``. Rank 0 prints one ``RESULT {json}`` line per case.
+every gradient, the loss after three Adam steps, and the second Adam step's peak memory
+(``tensoropt.apply.peak_memory``: gradients and optimizer state resident, as
+``step_peak_memory`` measures) with the plan's ``peak_memory_bytes``. Rank 0 prints one ``RESULT {json}`` line per case.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
-from tensoropt.apply import PipelineRunner, full_grads, step_peak_memory, train_step  # noqa: E402
+from tensoropt.apply import PipelineRunner, full_grads, peak_memory, train_step  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 from tests.third_party.families import FAMILIES  # noqa: E402
 
@@ -39,18 +40,25 @@ def call(model, inputs):
     return train_step(model, *inputs)
 
 
-def three_adam_steps(model, params, inputs) -> tuple:
-    """From the first step's gradients: three Adam steps, then the loss."""
+def three_adam_steps(model, params, inputs, measure=None) -> float:
+    """From the first step's gradients: three Adam steps, then the loss. ``measure(step)``
+    runs the second step (gradients and optimizer state resident, the scope of
+    ``Plan.peak_memory_bytes``) instead of calling it."""
     opt = torch.optim.Adam(params, lr=LR)
-    opt.step()
-    opt.zero_grad()
-    for _ in range(2):
+
+    def step():
         call(model, inputs)
         opt.step()
-        opt.zero_grad()
-    loss = float(call(model, inputs).detach())
-    opt.zero_grad()
-    return opt, loss
+        opt.zero_grad(set_to_none=False)
+
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    if measure is None:
+        step()
+    else:
+        measure(step, opt)
+    step()
+    return float(call(model, inputs).detach())
 
 
 _REFERENCE: dict = {}
@@ -63,7 +71,7 @@ def reference(family: str):
         model = fam.build()
         loss = float(call(model, inputs).detach())
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        _, loss3 = three_adam_steps(model, list(model.parameters()), inputs)
+        loss3 = three_adam_steps(model, list(model.parameters()), inputs)
         _REFERENCE[family] = (loss, grads, loss3)
     return _REFERENCE[family]
 
@@ -87,9 +95,12 @@ def run_case(case: str, world: int, plans: str) -> dict:
     floor = 1e-4 * max(float(g.abs().max()) for g in g_ref.values())
     errs = {n: float((grads[n] - g).abs().max()) / max(float(g.abs().max()), floor)
             for n, g in g_ref.items() if grads.get(n) is not None}
-    opt, loss3 = three_adam_steps(model, params, inputs)
-    mem = step_peak_memory(lambda: call(model, inputs), opt, model.model if pipelined else model,
-                           modules=not pipelined, repeats=1)
+    mem = {}
+
+    def measure(step, opt):
+        mem.update(peak_memory(step, model.model if pipelined else model, opt, modules=not pipelined))
+
+    loss3 = three_adam_steps(model, params, inputs, measure)
     return {"case": case, "world": world, "plan": plan.summary, "stages": len(plan.stages),
             "loss": loss, "loss_ref": loss_ref, "loss_rel": abs(loss - loss_ref) / abs(loss_ref),
             "grad_missing": sorted(set(g_ref) - set(errs)), "grad_max_rel": max(errs.values(), default=0.0),
