@@ -72,7 +72,9 @@ class _Stage(nn.Module):
         if self.loss is not None:
             v = env[self.loss]
             return v.full_tensor() if isinstance(v, DTensor) else v
-        return tuple(v.full_tensor() if isinstance(v, DTensor) else v for v in (env[n] for n in self.sent))
+        # sent whole and contiguous (a permuted view, as ConvNeXt's channels-last blocks leave it)
+        return tuple((v.full_tensor() if isinstance(v, DTensor) else v).contiguous()
+                     for v in (env[n] for n in self.sent))
 
 
 class PipelineRunner:
@@ -222,11 +224,20 @@ def _crossings(program, graph, stage_ops: list[list[int]], loss: str) -> tuple[l
                 base = m.split("[")[0]
                 if any(u.name not in {x.split("[")[0] for x in op.nodes} for u in by_name[base].users):
                     owner[base] = s
+    # Nodes that depend on no parameter (constants, masks and position ids derived from the
+    # batch) run on every stage: what they compute can also reach later nodes through in-place
+    # writes (a shifted copy of the labels filled slice by slice), which data flow misses.
+    free: set[str] = set()
+    for n in program.graph.nodes:
+        if n.op == "call_function" and n.name not in members and all(
+                a.name in free or (a.op == "placeholder" and program.input_kinds.get(a.name) != "param")
+                for a in n.all_input_nodes):
+            free.add(n.name)
     p = len(stage_ops)
     runs: list[set[str]] = []
     needs: list[set[str]] = []
     for s in range(p):
-        run = {name for name, st in members.items() if st == s}
+        run = {name for name, st in members.items() if st == s} | free
         todo = [a.name for m in list(run) for a in by_name[m].all_input_nodes if a.name not in run]
         if s == p - 1:
             todo.append(loss)

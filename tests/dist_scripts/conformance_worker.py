@@ -15,6 +15,7 @@ every gradient, the loss after three Adam steps, and the second Adam step's peak
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -115,7 +116,8 @@ def main() -> None:
     ap.add_argument("--case", required=True, help="comma-separated family:k")
     ap.add_argument("--plans", required=True, help="directory of the saved plans")
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    # a failing pipeline case leaves the other stages waiting: time their collectives out
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     world = dist.get_world_size()
     torch.set_num_threads(1)
     run_each(args.case.split(","), lambda case: run_case(case, world, args.plans),
