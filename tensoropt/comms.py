@@ -101,6 +101,7 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
             if shape[a] > 1:
                 out.append(Collective("all_reduce", a, stats, "forward", f"batch statistics of {op.name}"))
                 out.append(Collective("all_reduce", a, stats, "backward", f"statistics gradients of {op.name}"))
+    moved: set = set()
     for e in graph.edges:
         src, dst = graph.operators[e.src], graph.operators[e.dst]
         s_terms, s_out = src.terms
@@ -108,6 +109,13 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
         d_term = dst.terms[0][e.operand]
         spec = dst.operands[e.operand]
         have = term_placements(cfgs[e.src], s_out, contracted)
+        # consumers of one node wanting one layout share the move (tensoropt.apply does)
+        want = term_placements(cfgs[e.dst], d_term)
+        gpart = tuple(s is not None and s not in d_term for s in cfgs[e.dst].splits)
+        node = dst.operand_nodes[e.operand] if dst.operand_nodes else f"{e.src}->{e.dst}:{e.operand}"
+        if (node, want, gpart) in moved:
+            continue
+        moved.add((node, want, gpart))
         out += _relayout(have, cfgs[e.dst], d_term, spec.nbytes * _scale(spec, training), e.dim_map, shape,
                          f"edge {src.name} -> {dst.name}[{e.operand}]", True)
     if include_unpriced:

@@ -63,6 +63,11 @@ def to_placement(p: str) -> Placement:
     raise ValueError(f"unknown placement {p!r}")
 
 
+# env key of the operands already moved to a layout this forward: consumers of one node that
+# want it in the same layout share one move (one all-gather for q, k and v, one saved copy)
+_MOVED = "__moved__"
+
+
 def _skipped(n: fx.Node) -> bool:
     name = getattr(n.target, "__name__", "") or str(n.target)
     return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
@@ -252,6 +257,10 @@ class ProgramRunner:
                 self._segment(st, env)
             for name in st.free:
                 env.pop(name, None)
+            if st.free and _MOVED in env:
+                gone = set(st.free)
+                for key in [k for k in env[_MOVED] if k[0] in gone]:
+                    del env[_MOVED][key]
 
     def _node(self, n: fx.Node, env: dict[str, Any]) -> Any:
         if n.op == "get_attr":
@@ -276,7 +285,7 @@ class ProgramRunner:
         outs = list(st.writes)
 
         def body(*vals):
-            local = dict(zip(names, vals))
+            local = dict(zip(names, vals))             # a fresh set of moves: recomputed ones too
             self.recomputing += 1
             try:
                 self.run(st.steps, local)
@@ -294,11 +303,17 @@ class ProgramRunner:
             return t
         return DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
 
-    def _operand(self, o, j: int, src, gathered: list) -> Any:
+    def _operand(self, o, j: int, src, gathered: list, moved: dict) -> Any:
         if not isinstance(src, torch.Tensor):
             return src
-        x = self._as_dtensor(src)
         zero_param = self.params_by_id.get(id(src)) if self.zero else None
+        key = (o.operand_nodes[j], o.want[j], o.grad_partial[j])
+        if zero_param is None and key in moved:     # another consumer moved it the same way
+            local = moved[key]
+            if local.requires_grad:
+                local = (_OwnGrad if o.param_names[j] is not None else _ContiguousGrad).apply(local)
+            return self._fix_operand(o, j, local)
+        x = self._as_dtensor(src)
         if x.requires_grad:
             x = _ContiguousGrad.apply(x)        # redistribute's backward may slice non-contiguously
         want = [to_placement(p) for p in o.want[j]]
@@ -311,6 +326,8 @@ class ProgramRunner:
             local = local.clone()
         if zero_param is not None and self.zero >= 3 and not self.recomputing:
             gathered.append((local.untyped_storage().data_ptr(), src, want))
+        elif zero_param is None:
+            moved[key] = local
         if local.requires_grad:
             local = (_OwnGrad if o.param_names[j] is not None else _ContiguousGrad).apply(local)
         return self._fix_operand(o, j, local)
@@ -319,8 +336,9 @@ class ProgramRunner:
         o = st.op
         local: dict[str, Any] = {}
         gathered: list = []
+        moved = env.setdefault(_MOVED, {})
         for j, name in enumerate(o.operand_nodes):
-            local[name] = self._operand(o, j, env[name], gathered)
+            local[name] = self._operand(o, j, env[name], gathered, moved)
         look = lambda a: local[a.name] if a.name in local else env[a.name]  # noqa: E731
         with _regather_saved(gathered, self.mesh):
             for m in o.nodes:
