@@ -210,8 +210,9 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     grad_out = op.output.nbytes * cm._scale(op.output) / cfg.shards(out, shape) if out else 0.0
     grad_in = max((spec.nbytes * cm._scale(spec) / cfg.shards(t, shape)
                    for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None), default=0.0)
-    if any(".cross_entropy_loss" in a for a in op.aten):
-        grad_in *= 2        # backward through nll_loss, then log_softmax: two gradients of the logits
+    # what capture measured beyond these (cross-entropy's second gradient of the logits, through
+    # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
+    grad_in += op.backward_extra_bytes * cm._scale(op.output) / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
                     grad_out)
 

@@ -64,6 +64,9 @@ class Operator:
     flops_bwd: float
     saved_operands: tuple[int, ...] = ()  # operands autograd keeps for backward; -1 is the output
     saved_extra_bytes: int = 0         # other saved tensors (masks, statistics), sharded like the output
+    # held during its backward beyond the output's gradient, the largest input gradient and the
+    # parameters' gradients (a fused group's intermediate gradients), sharded like the output
+    backward_extra_bytes: int = 0
     module: str = ""                   # FQN of the innermost nn.Module that owns it
     module_type: str = ""              # its class name, e.g. "Linear"
     aten: tuple[str, ...] = ()         # the aten ops grouped into this operator

@@ -207,7 +207,8 @@ def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, s
     stage_plans = []
     for spec, (g, problem, res), k in zip(specs, solved, pick):
         ctx = _Context(g, sub, cm, signature, epsilon, devices)
-        stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}"))
+        stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}",
+                                                microbatches=microbatches))
     slowest = max(sp.time_s for sp in stage_plans)
     peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
     breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),

@@ -101,7 +101,8 @@ def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
 
 def _signature(op: Operator, owns: bool) -> tuple:
     return (op.family, op.equation, op.operands, tuple(p is None for p in op.param_names), op.output,
-            op.splittable, op.flops_fwd, op.flops_bwd, op.saved_operands, op.saved_extra_bytes, owns)
+            op.splittable, op.flops_fwd, op.flops_bwd, op.saved_operands, op.saved_extra_bytes,
+            op.backward_extra_bytes, op.aten, owns)
 
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
@@ -238,10 +239,12 @@ def replicate_held_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> np
     return copy + done
 
 
-def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> float:
+def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment, microbatches: int = 1) -> float:
     """The step's input batch beside the cost graph's memory: every rank holds the whole batch
     (``tensoropt.apply`` hands it to each), less what the activations already charge of it --
-    an operator that keeps a graph input unsplit keeps that very tensor."""
+    an operator that keeps a graph input unsplit keeps that very tensor. A pipeline stage
+    (``graph`` per micro-batch) is handed the whole batch of ``microbatches`` micro-batches
+    and keeps the chunks of those in flight."""
     a = np.asarray(assignment, dtype=np.int64)
     fed = {(e.dst, e.operand) for e in graph.edges}
     first_of_unit = {ops[0] for _, ops in problem.units}
@@ -256,7 +259,8 @@ def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> float:
             kept = k in op.saved_operands or (i in first_of_unit and k == acts[0])
             if kept and problem.configs[i][a[i]].shards(terms[k], shape) == 1:
                 shared += op.operands[k].nbytes
-    return max(float(graph.input_bytes) - shared, 0.0)
+    f = problem.activation_factor
+    return max(microbatches * float(graph.input_bytes) - f * shared, 0.0)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

@@ -423,7 +423,8 @@ class _Context:
     devices: str
 
 
-def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequence[int], label: str = "") -> Plan:
+def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequence[int], label: str = "",
+                         microbatches: int = 1) -> Plan:
     """Price one assignment (configuration index per operator) into a :class:`Plan`."""
     graph, mesh = ctx.graph, problem.mesh
     n_ops = len(graph.operators)
@@ -465,7 +466,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
     totals["transient_bytes"] = float(transient_bytes(problem, a, replicate_held_bytes(problem, graph, a))[0])
-    totals["input_bytes"] = step_input_bytes(problem, graph, a)
+    totals["input_bytes"] = step_input_bytes(problem, graph, a, microbatches)
     tr = ctx.cost_model.training
     summary = summarize(graph, problem, a)
     if problem.zero_stage:

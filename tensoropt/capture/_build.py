@@ -256,6 +256,12 @@ class Builder:
                     self.vals[n] = Val("interior", _spec(n.meta.get("val")))
                     if n is g["last"]:
                         self._operator(g["members"], g["out"], group=g)
+                        # views of the result inside the group (a closing ``type_as``) are
+                        # what later operators read: they carry the operator's output
+                        after = g["members"][g["members"].index(g["out"]) + 1:]
+                        for m in after:
+                            if self.kind[m] == "view":
+                                self._view(m)
                 elif k == "const":
                     self.vals[n] = Val("const", _spec(n.meta.get("val")))
                 elif k == "view":
@@ -499,10 +505,10 @@ class Builder:
             ff, fb = self._estimate(family, members, c, ovals, out_spec)
             fb = fb if any_rg else 0.0
         if pr.ok:
-            saved_raw, extra = pr.saved, pr.extra_bytes
+            saved_raw, extra, bwd_extra = pr.saved, pr.extra_bytes, pr.backward_extra_bytes
         else:
             saved_raw = tuple(i for i, v in enumerate(ovals) if v.kind not in ("param", "const") and any_rg)
-            extra = 0
+            extra = bwd_extra = 0
         claims = []                 # (operand index or -1, storage key): settled by _blocks.resolve_saved
         for i in saved_raw:
             if i == -1:
@@ -527,7 +533,7 @@ class Builder:
             family=family, equation=eq, operands=tuple(v.spec for v in ovals),
             param_names=tuple(v.param if v.kind == "param" else None for v in ovals),
             output=out_spec, splittable=splittable, flops_fwd=float(ff), flops_bwd=float(fb),
-            saved_operands=(), saved_extra_bytes=int(extra), module=mod,
+            saved_operands=(), saved_extra_bytes=int(extra), backward_extra_bytes=int(bwd_extra), module=mod,
             module_type=mty, aten=tuple(aten_name(n) for n in members if self.kind[n] == "compute"),
             nodes=tuple(n.name for n in members), operand_nodes=tuple(a.name for a in operands),
             short=short, leaf=bool(mod) and self._module_info(mod, mty)[1]))

@@ -17,10 +17,12 @@ matrix -- not what a GPU training run keeps.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
@@ -41,6 +43,7 @@ class ProbeResult:
     flops_bwd: float = 0.0
     saved: tuple[int, ...] = ()     # operand indices; -1 = output
     extra_bytes: int = 0
+    backward_extra_bytes: int = 0   # held during backward beyond the gradients the cost model counts
     error: str = ""
 
 
@@ -130,11 +133,20 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
     ff = float(fwd.get_total_flops())
 
     fb = 0.0
+    bwd_extra = 0
     leaves = [t for t in tensors if t.requires_grad]
     if out is not None and out.requires_grad and leaves:
-        with FlopCounterMode(display=False) as bwd:
+        with FlopCounterMode(display=False) as bwd, _LiveBytes() as live:
             torch.autograd.grad(out, leaves, grad_outputs=torch.empty_like(out), allow_unused=True)
         fb = float(bwd.get_total_flops())
+        # what the backward holds beyond the output's gradient, the largest input gradient and
+        # the parameters' gradients (the cost model's own terms): a fused group's intermediates
+        def nbytes(t):
+            return t.numel() * t.element_size()
+        covered = nbytes(out) + max((nbytes(t) for t, p in zip(tensors, inputs) if t.requires_grad and not p.is_param),
+                                    default=0) + sum(nbytes(t) for t, p in zip(tensors, inputs)
+                                                     if t.requires_grad and p.is_param)
+        bwd_extra = max(0, live.peak - covered)
 
     param_sids = {_sid(t) for t, p in zip(tensors, inputs) if p.is_param}
     in_sids: dict[int, int] = {}
@@ -159,7 +171,42 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
         else:
             extra[s] = max(extra.get(s, 0), t.untyped_storage().nbytes(), t.numel() * t.element_size())
     return ProbeResult(ok=True, flops_fwd=ff, flops_bwd=fb, saved=tuple(sorted(ops, key=lambda i: (i < 0, i))),
-                       extra_bytes=int(sum(extra.values())))
+                       extra_bytes=int(sum(extra.values())), backward_extra_bytes=int(bwd_extra))
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensors created while it is active and still alive (meta storages
+    are freed like real ones, so liveness is that of the real backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.total = self.peak = 0
+        self.refs: list = []
+
+    def _track(self, t) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        n = max(st.nbytes(), t.numel() * t.element_size())
+        self.live[key] = n
+        self.total += n
+
+        def gone(_ref, key=key):
+            self.total -= self.live.pop(key, 0)
+        self.refs.append(weakref.ref(st, gone))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        if not any(r.alias_info is not None for r in returns):          # views share storage
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                self._track(t)
+        self.peak = max(self.peak, self.total)
+        return out
 
 
 def signature(nodes: list[fx.Node], out_node: fx.Node, externals: list[fx.Node],

@@ -55,8 +55,8 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
         return None
     for o1, o2 in zip(g1.operators, g2.operators):
         moved = _scaled(o1, b1, b2)
-        if moved is None or replace(o2, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0) != \
-                replace(moved, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0):
+        if moved is None or replace(o2, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0, backward_extra_bytes=0) != \
+                replace(moved, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0, backward_extra_bytes=0):
             return None
 
     def affine(v1: float, v2: float, b: int) -> float:
@@ -71,10 +71,12 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
             if op is None:
                 return None
             extra = affine(o1.saved_extra_bytes, o2.saved_extra_bytes, b)
-            if extra < 0 or not float(extra).is_integer():
+            bwd = affine(o1.backward_extra_bytes, o2.backward_extra_bytes, b)
+            if extra < 0 or not float(extra).is_integer() or bwd < 0 or not float(bwd).is_integer():
                 return None
             ops.append(replace(op, flops_fwd=affine(o1.flops_fwd, o2.flops_fwd, b),
-                               flops_bwd=affine(o1.flops_bwd, o2.flops_bwd, b), saved_extra_bytes=int(extra)))
+                               flops_bwd=affine(o1.flops_bwd, o2.flops_bwd, b), saved_extra_bytes=int(extra),
+                               backward_extra_bytes=int(bwd)))
         inputs = affine(g1.input_bytes, g2.input_bytes, b)
         if inputs < 0 or not float(inputs).is_integer():
             return None
