@@ -31,7 +31,7 @@ from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
 
-__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec",
+__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
            "pipeline_plans", "pipeline_candidates", "Candidate"]
 
 
@@ -109,6 +109,23 @@ def boundary_bytes(graph: OpGraph, stage_ops: tuple[int, ...], itemsize_scale) -
             out = graph.operators[e.src].output
             total += out.nbytes * itemsize_scale(out)
     return total
+
+
+def stage_buffer_bytes(graph: OpGraph, specs: list[StageSpec], microbatches: int, itemsize_scale) -> list[float]:
+    """Per distinct stage, what ``torch.distributed.pipelining`` holds for the boundaries on
+    every device of it (whole tensors; ``tensoropt.apply`` sends them whole): a stage after the
+    first keeps one receive buffer per micro-batch; a stage before the last keeps one buffer
+    per micro-batch for the gradients it receives, and its outputs of the micro-batches in
+    flight."""
+    into = [boundary_bytes(graph, spec.ops, itemsize_scale) if k else 0.0 for k, spec in enumerate(specs)]
+    out = []
+    for k, spec in enumerate(specs):
+        last = k == len(specs) - 1
+        sent = 0.0 if last else into[k + 1] if k + 1 < len(specs) else 0.0
+        if 0 < k < len(specs) - 1:
+            sent = into[k]                     # a middle stage passes on what it receives
+        out.append(microbatches * into[k] + (0.0 if last else (microbatches + spec.in_flight) * sent))
+    return out
 
 
 def stage_cluster(cluster: Cluster, stages: int) -> tuple[Cluster, object]:
@@ -191,24 +208,28 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
         # sending its share
         p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm._scale) / mesh.size, 2,
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale)
+        fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
         points, picks = compose_stages(fronts, scale, p2p)
         for (t, m), pick in zip(points, picks):
             build = partial(_build_plan, mb_graph, sub, link, mesh, cm, specs, solved, tuple(pick), float(t),
-                            float(m), p2p, stages, microbatches, training, signature, devices, epsilon)
+                            float(m), p2p, stages, microbatches, training, signature, devices, epsilon, buffers)
             out.append(Candidate(float(t), float(m), build))
     return out
 
 
 def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, stages, microbatches, training,
-                signature, devices, epsilon):
+                signature, devices, epsilon, buffers):
     from .plan import Plan
     from .search import _Context, plan_from_assignment
 
     stage_plans = []
-    for spec, (g, problem, res), k in zip(specs, solved, pick):
+    for spec, (g, problem, res), k, held in zip(specs, solved, pick, buffers):
         ctx = _Context(g, sub, cm, signature, epsilon, devices)
-        stage_plans.append(plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}",
-                                                microbatches=microbatches))
+        sp = plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}",
+                                  microbatches=microbatches)
+        stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
+                                   breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
     slowest = max(sp.time_s for sp in stage_plans)
     peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
     breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),

@@ -45,7 +45,7 @@ Splittable labels (split with at most a partial-sum reduction)
     linear/matmul: all (contracted -> partial sums); attention: batch, heads, query sequence;
     softmax/layer/rms norm: all but the reduced axis; batch norm: batch (per-device statistics,
     as DDP without SyncBatchNorm) and channels; group norm: batch; conv: batch, in and out
-    channels (groups == 1; else batch and out); embedding: all (vocab -> partial sums);
+    channels (groups == 1; a grouped or depthwise conv only the batch); embedding: all (vocab -> partial sums);
     pooling: batch and channels; sum/mean: all; max/var/..: the kept dims; cross-entropy /
     nll: batch and sequence (not classes); element-wise losses (mse, l1, bce): all dims.
 

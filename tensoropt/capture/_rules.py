@@ -380,7 +380,9 @@ def conv_rule(c: Ctx) -> None:
         c.terms[bias] = [o]
     c.out = bl + [o] + osp
     c.family = "conv"
-    c.split = set(bl) | {o} | ({ch} if groups == 1 else set())
+    # a grouped (depthwise) convolution ties each output channel to its group's input
+    # channels: only the batch splits without moving groups across devices
+    c.split = set(bl) | ({o, ch} if groups == 1 else set())
     c.out_bdim = 0 if bl == ["b"] else None
 
 
