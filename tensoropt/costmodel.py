@@ -108,6 +108,9 @@ class NodeCost:
     # kept ones, and under ZeRO-3 its gathered parameters and their gradient.
     transient_bytes: float = 0.0
     output_bytes: float = 0.0  # its output on this device (what the output's gradient takes)
+    # ZeRO-3: its gathered parameters, which a recomputed forward keeps from the recomputation
+    # until this operator's backward (only a first forward re-gathers them for backward)
+    regathered_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -168,7 +171,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     compute = forward + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
                                           cm.device, dtype)
     comm = 0.0
-    p_bytes = g_bytes = o_bytes = gathered = fresh = 0.0
+    p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None or not owns_params:
@@ -183,6 +186,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
             # its gathered parameter and unreduced gradient, and the next layer's parameter
             # prefetched meanwhile (FSDP2 prefetches one all-gather ahead; taken as this size)
             gathered += (2 * bp + bg) * local_numel * (1 - 1 / d)
+            regathered += bp * local_numel * (1 - 1 / d)
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
         fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
@@ -214,7 +218,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
     grad_in += op.backward_extra_bytes * cm._scale(op.output) / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
-                    grad_out)
+                    grad_out, regathered)
 
 
 def _axis_moves(nbytes: float, have, want, mesh: Mesh):

@@ -55,12 +55,14 @@ class MeshProblem:
     @cached_property
     def backward_tables(self) -> tuple[tuple[np.ndarray, ...], ...]:
         """Per operator, per configuration: saved activation bytes (one micro-batch), the
-        transient its backward adds, and its output's bytes (see :func:`transient_bytes`)."""
+        transient its backward adds, its output's bytes and, under ZeRO-3, the gathered
+        parameters a recomputed forward keeps (see :func:`transient_bytes`)."""
         act = tuple(np.array([c.activation_bytes for c in costs]) for costs in self.node_costs)
         extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
         trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
         out = tuple(np.array([c.output_bytes for c in costs]) for costs in self.node_costs)
-        return act, trans, out
+        regathered = tuple(np.array([c.regathered_bytes for c in costs]) for costs in self.node_costs)
+        return act, trans, out, regathered
 
 
 def _skips(graph: OpGraph) -> tuple[tuple[int, int], ...]:
@@ -187,7 +189,7 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
     n, n_ops = len(a), len(problem.configs)
     if not n_ops:
         return np.zeros(n)
-    act_of, trans_of, out_of = problem.backward_tables
+    act_of, trans_of, out_of, regathered_of = problem.backward_tables
     act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
     trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
     # An output used again further on (a residual, q/k/v from one norm) keeps its gradient,
@@ -207,7 +209,8 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
         ops = list(ops)
         held[np.ix_(rc, ops)] = 0.0
         held[rc, ops[0]] = np.asarray(problem.unit_input_bytes[k])[a[rc, ops[0]]]
-        again[np.ix_(rc, ops)] = np.cumsum(act[np.ix_(rc, ops)], axis=1)
+        regathered = np.stack([regathered_of[i][a[rc, i]] for i in ops], 1) if rc.any() else 0.0
+        again[np.ix_(rc, ops)] = np.cumsum(act[np.ix_(rc, ops)] + regathered, axis=1)
     total = held.sum(axis=1)
     f = problem.activation_factor
     before = (f - 1) * total[:, None] + np.cumsum(held, axis=1) + again
