@@ -1,10 +1,11 @@
 """tensoropt: the time/memory Pareto frontier of parallel training plans for PyTorch models.
 
     import tensoropt
-    f = tensoropt.frontier(model, devices="8xA100-80GB", inputs=(tokens, targets))
+    f = tensoropt.frontier(model, devices="8xA100-80GB", inputs={"input_ids": ids, "labels": ids})
     f.to_pandas(); f.plot()
     plan = f.best(memory_budget="40GB")
-    model = tensoropt.parallelize(model, plan)      # under torchrun
+    model = tensoropt.parallelize(model, plan)      # under torchrun, any plan
+    loss = tensoropt.train_step(model, input_ids=ids, labels=ids)
 
 Names are loaded on first use, so ``import tensoropt.engine`` stays free of torch.
 """
@@ -21,6 +22,7 @@ _EXPORTS = {
     "InfeasibleBudget": ("tensoropt.search", "InfeasibleBudget"),
     "Plan": ("tensoropt.plan", "Plan"),
     "parallelize": ("tensoropt.apply", "parallelize"),
+    "train_step": ("tensoropt.apply", "train_step"),
     "Cluster": ("tensoropt.mesh", "Cluster"),
     "parse_devices": ("tensoropt.mesh", "parse_devices"),
     "TrainingConfig": ("tensoropt.costmodel", "TrainingConfig"),

@@ -30,7 +30,6 @@ from tensoropt.apply import PipelineRunner, full_grads, peak_memory, train_step 
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 from tests.third_party.families import FAMILIES  # noqa: E402
 
-BATCH = 8
 LR = 1e-2
 
 
@@ -65,16 +64,16 @@ def three_adam_steps(model, params, inputs, measure=None) -> float:
 _REFERENCE: dict = {}
 
 
-def reference(family: str):
-    if family not in _REFERENCE:
+def reference(family: str, batch: int):
+    if (family, batch) not in _REFERENCE:
         fam = FAMILIES[family]
-        inputs = fam.inputs(BATCH, "cpu")
+        inputs = fam.inputs(batch, "cpu")
         model = fam.build()
         loss = float(call(model, inputs).detach())
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         loss3 = three_adam_steps(model, list(model.parameters()), inputs)
-        _REFERENCE[family] = (loss, grads, loss3)
-    return _REFERENCE[family]
+        _REFERENCE[family, batch] = (loss, grads, loss3)
+    return _REFERENCE[family, batch]
 
 
 def run_case(case: str, world: int, plans: str) -> dict:
@@ -83,8 +82,9 @@ def run_case(case: str, world: int, plans: str) -> dict:
     path = os.path.join(plans, f"{family}-{k}.json")
     plan = tensoropt.Plan.load(path)
     fam = FAMILIES[family]
-    inputs = fam.inputs(BATCH, "cpu")
-    loss_ref, g_ref, loss3_ref = reference(family)
+    batch = plan.training["batch_size"]
+    inputs = fam.inputs(batch, "cpu")
+    loss_ref, g_ref, loss3_ref = reference(family, batch)
 
     t1 = time.perf_counter()
     model = tensoropt.parallelize(fam.build(), path)
