@@ -122,18 +122,24 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
         # A tied parameter lives in its first user's layout; a later user needing another
         # layout re-lays it out like an edge (the cost model charges nothing for it).
         owner: dict[str, tuple[str, ...]] = {}
+        first_move: dict[str, tuple] = {}
         for op, cfg in zip(graph.operators, cfgs):
-            for t, spec, pname in zip(op.terms[0], op.operands, op.param_names):
+            for k, (t, spec, pname) in enumerate(zip(op.terms[0], op.operands, op.param_names)):
                 if pname is None:
                     continue
+                gpart = tuple(s_ is not None and s_ not in t for s_ in cfg.splits)
+                node = op.operand_nodes[k] if op.operand_nodes else None
                 if pname not in owner:
                     owner[pname] = term_placements(cfg, t)
+                    first_move[pname] = (node, owner[pname], gpart)
                     continue
                 if owner[pname] == term_placements(cfg, t):
                     # same layout: the operator-level layout reduces this use's gradient on
                     # its own where the user leaves it partial (the planner prices that at the
-                    # later user); FSDP2 ("replicate" mode) sums the uses before one reduction
-                    if apply_mode == "replicate":
+                    # later user); FSDP2 ("replicate" mode) sums the uses before one reduction,
+                    # and so does the operator-level layout when both uses read the parameter
+                    # through one node (they share the move)
+                    if apply_mode == "replicate" or (node is not None and first_move[pname] == (node, owner[pname], gpart)):
                         continue
                     local = spec.numel / cfg.shards(t, shape)
                     for a, s_ in enumerate(cfg.splits):

@@ -111,13 +111,14 @@ def boundary_bytes(graph: OpGraph, stage_ops: tuple[int, ...], itemsize_scale) -
     return total
 
 
-def stage_buffer_bytes(graph: OpGraph, specs: list[StageSpec], microbatches: int, itemsize_scale) -> list[float]:
+def stage_buffer_bytes(graph: OpGraph, specs: list[StageSpec], microbatches: int, itemsize_scale,
+                       devices: int = 1) -> list[float]:
     """Per distinct stage, what ``torch.distributed.pipelining`` holds for the boundaries on
-    every device of it (whole tensors; ``tensoropt.apply`` sends them whole): a stage after the
-    first keeps one receive buffer per micro-batch; a stage before the last keeps one buffer
-    per micro-batch for the gradients it receives, and its outputs of the micro-batches in
-    flight."""
-    into = [boundary_bytes(graph, spec.ops, itemsize_scale) if k else 0.0 for k, spec in enumerate(specs)]
+    every device of it (each of a stage's ``devices`` holds its share, as ``tensoropt.apply``
+    sends it): a stage after the first keeps one receive buffer per micro-batch; a stage
+    before the last keeps one buffer per micro-batch for the gradients it receives, and its
+    outputs of the micro-batches in flight."""
+    into = [boundary_bytes(graph, spec.ops, itemsize_scale) / devices if k else 0.0 for k, spec in enumerate(specs)]
     out = []
     for k, spec in enumerate(specs):
         last = k == len(specs) - 1
@@ -208,7 +209,7 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
         # sending its share
         p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm._scale) / mesh.size, 2,
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale)
+        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale, mesh.size)
         fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
         points, picks = compose_stages(fronts, scale, p2p)
         for (t, m), pick in zip(points, picks):

@@ -13,10 +13,12 @@ sub-mesh):
 * a stage runs its own operators and computes locally whatever else they read that no
   operator produced: constants, views, and inputs derived from the batch (masks, position
   ids), from the micro-batch it is handed (every rank gets the whole batch);
-* operator outputs of earlier stages that a stage reads cross as full tensors: stage ``s``
+* operator outputs of earlier stages that a stage reads cross the boundary: stage ``s``
   sends everything later stages read from stages up to ``s`` (a value read two stages on,
-  such as an encoder output, is passed along), every rank of a sub-mesh exchanging with the
-  rank at the same sub-mesh coordinate of the neighbouring stage;
+  such as an encoder output, is passed along), every rank of a sub-mesh sending its share
+  (the value split on its first dim the sub-mesh divides; ``crossing_placements``) to the
+  rank at the same sub-mesh coordinate of the neighbouring stage, which uses it as a sharded
+  DTensor;
 * ``PipelineStage`` + ``Schedule1F1B`` with ``plan.microbatches`` micro-batches; gradients
   are scaled by ``1/m`` (mean losses), so they equal the full-batch gradients;
 * a parameter used by two stages (tied embeddings) has its gradient summed over them after
@@ -36,7 +38,7 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..capture.inputs import bind_call, forward_signature, loss_of
@@ -53,10 +55,10 @@ class _Stage(nn.Module):
     crossing out (the loss on the last stage). Micro-batch inputs come from ``inputs``."""
 
     def __init__(self, runner: ProgramRunner, received: list[str], sent: list[str], loss: str | None,
-                 params: list[nn.Parameter]):
+                 params: list[nn.Parameter], shapes: list[tuple]):
         super().__init__()
         object.__setattr__(self, "runner", runner)
-        self.received, self.sent, self.loss = received, sent, loss
+        self.received, self.sent, self.loss, self.shapes = received, sent, loss, shapes
         object.__setattr__(self, "_params", params)
         self.inputs: collections.deque = collections.deque()
 
@@ -65,16 +67,32 @@ class _Stage(nn.Module):
 
     def forward(self, *args):
         runner = self.runner
+        mesh = runner.mesh
         env = runner.placeholders(self.inputs.popleft())
-        if self.received:
-            env.update(zip(self.received, args))
+        for name, x, shape in zip(self.received, args, self.shapes):
+            env[name] = DTensor.from_local(x, mesh, crossing_placements(shape, mesh), run_check=False)
         runner.run(runner.steps, env)
         if self.loss is not None:
             v = env[self.loss]
             return v.full_tensor() if isinstance(v, DTensor) else v
-        # sent whole and contiguous (a permuted view, as ConvNeXt's channels-last blocks leave it)
-        return tuple((v.full_tensor() if isinstance(v, DTensor) else v).contiguous()
-                     for v in (env[n] for n in self.sent))
+        out = []
+        for name in self.sent:
+            v = env[name]
+            v = v if isinstance(v, DTensor) else DTensor.from_local(v, mesh, [Replicate()] * mesh.ndim, run_check=False)
+            # each device sends its share (contiguous: a permuted view, as ConvNeXt leaves it)
+            out.append(v.redistribute(mesh, crossing_placements(v.shape, mesh)).to_local().contiguous())
+        return tuple(out)
+
+
+def crossing_placements(shape, mesh: DeviceMesh) -> list:
+    """How a value of (global) ``shape`` crosses a stage boundary on a stage's sub-mesh: split
+    on the first dim that the sub-mesh's devices divide (each sends its share, as the cost
+    model prices), else whole."""
+    n = mesh.size()
+    for d, size in enumerate(shape):
+        if size % n == 0:
+            return [Shard(d)] * mesh.ndim
+    return [Replicate()] * mesh.ndim
 
 
 class PipelineRunner:
@@ -266,10 +284,15 @@ def _crossings(program, graph, stage_ops: list[list[int]], loss: str) -> tuple[l
     return runs, received
 
 
-def _example(node: fx.Node, grad: bool) -> torch.Tensor:
+def _example(node: fx.Node, mesh: DeviceMesh) -> torch.Tensor:
+    """One device's share of a crossing value (see :func:`crossing_placements`)."""
     v = node.meta["val"]
-    t = torch.empty(tuple(v.shape), dtype=v.dtype)
-    return t.requires_grad_(grad and (v.dtype.is_floating_point or v.dtype.is_complex))
+    shape = list(v.shape)
+    pl = crossing_placements(shape, mesh)[0]
+    if isinstance(pl, Shard):
+        shape[pl.dim] //= mesh.size()
+    t = torch.empty(tuple(shape), dtype=v.dtype)
+    return t.requires_grad_(v.dtype.is_floating_point or v.dtype.is_complex)
 
 
 def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, inputs: Any = None) -> PipelineRunner:
@@ -359,9 +382,10 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
             tied[name] = groups[key]
 
     by_name = {n.name: n for n in program.graph.nodes}
-    root = _Stage(runner, received[s], sent, loss_node.name if s == p - 1 else None, list(stage_params.values()))
-    in_args = tuple(_example(by_name[n], True) for n in received[s]) if s > 0 else (torch.zeros(1, 1),)
-    out_args = tuple(_example(by_name[n], True) for n in sent) if s < p - 1 else (torch.empty((), requires_grad=True),)
+    root = _Stage(runner, received[s], sent, loss_node.name if s == p - 1 else None, list(stage_params.values()),
+                  [tuple(by_name[n].meta["val"].shape) for n in received[s]])
+    in_args = tuple(_example(by_name[n], sub) for n in received[s]) if s > 0 else (torch.zeros(1, 1),)
+    out_args = tuple(_example(by_name[n], sub) for n in sent) if s < p - 1 else (torch.empty((), requires_grad=True),)
     dev = torch.device(device_type if device_type != "cuda" else f"cuda:{torch.cuda.current_device()}")
     stage = PipelineStage(root, s, p, dev, input_args=in_args, output_args=out_args, group=pp_group)
     schedule = Schedule1F1B(stage, m, loss_fn=_loss_is_output, scale_grads=True)
