@@ -164,13 +164,25 @@ def call_node(node: fx.Node, args: tuple, kwargs: dict) -> Any:
     grad = node.meta.get(GRAD_KEY)
     autocast = node.meta.get(AUTOCAST_KEY)
     if grad is None and autocast is None:
-        return node.target(*args, **kwargs)
+        return _call(node.target, args, kwargs)
     with torch.set_grad_enabled(grad if grad is not None else torch.is_grad_enabled()):
         if autocast is not None:
             device_type, dtype, enabled, cache = autocast
             with torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache):
-                return node.target(*args, **kwargs)
-        return node.target(*args, **kwargs)
+                return _call(node.target, args, kwargs)
+        return _call(node.target, args, kwargs)
+
+
+def _call(target, args: tuple, kwargs: dict) -> Any:
+    try:
+        return target(*args, **kwargs)
+    except RuntimeError:
+        # The program was traced with one memory layout, and tracing drops a contiguous()
+        # of what was contiguous there: a kernel or a shard may lay the tensor out otherwise
+        # here, where the view then needs the copy reshape makes (same values, same gradient).
+        if target is not torch.ops.aten.view.default:
+            raise
+        return torch.ops.aten.reshape.default(*args, **kwargs)
 
 
 def module_paths(node: fx.Node) -> tuple[str, ...]:
