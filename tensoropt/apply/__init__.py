@@ -17,13 +17,14 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from ..plan import Plan
 from ..plan_types import ApplySpec
 from ._layout import apply_model_axes, describe_layout
+from ._mesh import device_mesh
 from ._validate import (
     check_world_size,
     ensure_process_group,
@@ -73,15 +74,16 @@ def _parallelize_plan(model: nn.Module, plan: Plan, mesh: DeviceMesh | None, inp
     if device_type == "cuda":
         model.to(torch.device("cuda", torch.cuda.current_device()))
     if mesh is None:
-        mesh = init_device_mesh(device_type, tuple(plan.mesh_shape), mesh_dim_names=names)
+        mesh = device_mesh(device_type, tuple(plan.mesh_shape), names)
     return apply_plan(model, layout, mesh)
 
 
 def build_mesh(spec: ApplySpec, device_type: str | None = None) -> DeviceMesh:
-    """``init_device_mesh(device_type, spec.mesh.shape, mesh_dim_names=spec.mesh.axis_names)``."""
+    """``init_device_mesh(device_type, spec.mesh.shape, mesh_dim_names=spec.mesh.axis_names)``
+    (one per shape and process group)."""
     check_world_size(spec)
     dt = ensure_process_group() if device_type is None else device_type
-    return init_device_mesh(dt, tuple(spec.mesh.shape), mesh_dim_names=tuple(spec.mesh.axis_names))
+    return device_mesh(dt, tuple(spec.mesh.shape), tuple(spec.mesh.axis_names))
 
 
 def parallelize(model: nn.Module, plan: "Plan | ApplySpec | str | os.PathLike",
@@ -124,8 +126,7 @@ def _parallelize_spec(model: nn.Module, spec: ApplySpec, mesh: DeviceMesh | None
     check_world_size(spec)
     device_type = ensure_process_group()
     if mesh is None:
-        mesh = init_device_mesh(device_type, tuple(spec.mesh.shape),
-                                mesh_dim_names=tuple(spec.mesh.axis_names))
+        mesh = device_mesh(device_type, tuple(spec.mesh.shape), tuple(spec.mesh.axis_names))
     elif tuple(mesh.shape) != tuple(spec.mesh.shape) or tuple(mesh.mesh_dim_names or ()) != tuple(spec.mesh.axis_names):
         raise ValueError(f"mesh {tuple(mesh.shape)} {mesh.mesh_dim_names} does not match the plan's "
                          f"{tuple(spec.mesh.shape)} {spec.mesh.axis_names}")

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -45,6 +45,7 @@ from ..capture.inputs import bind_call, forward_signature, loss_of
 from ..pipeline import sub_graph
 from ..plan import Plan
 from ._plan import PlanNotApplicable, capture_for_plan, plan_layout
+from ._mesh import device_mesh
 from ._runner import ProgramRunner, _skipped
 
 __all__ = ["PipelineRunner", "pipeline"]
@@ -340,7 +341,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     device_type = ensure_process_group()
     names = plan.mesh_axis_names
     if mesh is None:
-        mesh = init_device_mesh(device_type, tuple(plan.mesh_shape), mesh_dim_names=names)
+        mesh = device_mesh(device_type, tuple(plan.mesh_shape), names)
     s = mesh.get_coordinate()[0]
     sub = mesh[names[1:]] if len(names) > 2 else mesh[names[1]]
     pp_group = mesh[names[0]].get_group()
