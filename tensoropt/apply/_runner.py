@@ -108,6 +108,7 @@ class ProgramRunner:
         self.storage: dict[str, tuple[str, ...]] = {}
         self.params_by_id: dict[int, str] = {}
         self.recomputing = 0
+        self.replaying: set[str] | None = None     # in a recomputed forward: values it must not write
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
         self.keep = set(keep) | {a.name for a in out.all_input_nodes}
@@ -267,6 +268,10 @@ class ProgramRunner:
             return getattr(self.program.gm, n.target)
         args = fx.node.map_arg(n.args, lambda a: env[a.name])
         kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a.name])
+        if self.replaying is not None:
+            done, args, kwargs = self._replayed(n, args, kwargs)
+            if args is None:
+                return done
         try:
             return call_node(n, args, kwargs)
         except (NotImplementedError, RuntimeError):
@@ -281,20 +286,51 @@ class ProgramRunner:
         return type(res)(wrap(t) for t in res) if isinstance(res, (tuple, list)) else wrap(res)
 
     def _segment(self, st: Step, env: dict[str, Any]) -> None:
-        names = [r for r in st.reads]
+        # what the segment writes in place (BatchNorm's statistics and step count) it reads by
+        # reference, not as a checkpoint input that autograd would find changed
+        mutated = {v.name for n in self._body_nodes(st.steps) for _, v in _written_args(n)}
+        names = [r for r in st.reads if r not in mutated]
+        held = {r: env[r] for r in st.reads if r in mutated}
         outs = list(st.writes)
+        calls = [0]
 
         def body(*vals):
-            local = dict(zip(names, vals))             # a fresh set of moves: recomputed ones too
+            local = {**held, **dict(zip(names, vals))}     # a fresh set of moves: recomputed ones too
+            replay = calls[0] > 0
+            calls[0] += 1
             self.recomputing += 1
+            saved = self.replaying
+            if replay:
+                self.replaying = (saved or set()) | set(held)
             try:
                 self.run(st.steps, local)
             finally:
                 self.recomputing -= 1
+                self.replaying = saved
             return tuple(local[o] for o in outs)
 
         res = checkpoint(body, *[env[r] for r in names], use_reentrant=False)
         env.update(zip(outs, res))
+
+    def _body_nodes(self, steps: list[Step]):
+        for st in steps:
+            if st.kind == "node":
+                yield st.node
+            elif st.kind == "op":
+                yield from (self.by_name[_piece(m)[0]] for m in st.op.nodes)
+            else:
+                yield from self._body_nodes(st.steps)
+
+    def _replayed(self, node: fx.Node, args: tuple, kwargs: dict):
+        """A recomputed forward leaves state alone that the first one updated: an in-place
+        write to a value from outside the segment is skipped (returns that value), and
+        BatchNorm's running statistics are not updated a second time."""
+        if _mutates_first(node) and isinstance(node.args[0], fx.Node) and node.args[0].name in self.replaying:
+            return args[0], None, None
+        if node.target is torch.ops.aten.batch_norm.default and len(args) >= 6 and args[5]:
+            spare = [t.clone() if isinstance(t, torch.Tensor) else t for t in args[3:5]]
+            args = (*args[:3], *spare, *args[5:])       # updates a spare copy: as many saved tensors
+        return None, args, kwargs
 
     # ---------------------------------------------------------------- operators
 
@@ -351,6 +387,9 @@ class ProgramRunner:
                     args = (args[0].clone(), *args[1:])
                 res = self._call(o, node, args, kwargs, env)
                 local[m if piece is None else base] = res if piece is None else res[piece]
+        if self.replaying is None:
+            for name in _written_operands(o, self.by_name):
+                self._write_back(o, o.operand_nodes.index(name), env[name], local[name])
         for name in st.writes:
             value = local[name]
             if name == _piece(o.nodes[-1])[0] and _piece(o.nodes[-1])[1] is not None:     # a split piece
@@ -359,6 +398,21 @@ class ProgramRunner:
                 slot[k] = self._wrap(o, value)
             else:
                 env[name] = self._wrap(o, value)
+
+    def _write_back(self, o, j: int, src, moved) -> None:
+        """An operand the operator updates in place (BatchNorm's running statistics) was
+        moved to the operator's layout: its update goes back to the tensor it came from."""
+        if not isinstance(src, torch.Tensor) or not isinstance(moved, torch.Tensor):
+            return
+        base = src.to_local() if isinstance(src, DTensor) else src
+        if moved.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+            return
+        with torch.no_grad():
+            new = DTensor.from_local(moved, self.mesh, [to_placement(p) for p in o.want[j]], run_check=False)
+            if isinstance(src, DTensor):
+                base.copy_(new.redistribute(self.mesh, src.placements).to_local())
+            else:
+                base.copy_(new.full_tensor())
 
     def _wrap(self, o, value):
         if isinstance(value, (tuple, list)):
@@ -375,6 +429,10 @@ class ProgramRunner:
         return DTensor.from_local(value, self.mesh, [to_placement(p) for p in o.out], run_check=False)
 
     def _call(self, o, node: fx.Node, args, kwargs, env):
+        if self.replaying is not None:
+            done, args, kwargs = self._replayed(node, args, kwargs)
+            if args is None:
+                return done
         base = o.base
         if node.name != _piece(o.nodes[-1])[0] or len(o.nodes) > 1:
             return call_node(node, args, kwargs)
@@ -461,6 +519,34 @@ def _mutates_first(node: fx.Node) -> bool:
         return False
     alias = schema.arguments[0].alias_info
     return alias is not None and alias.is_write
+
+
+def _written_operands(o, by_name: dict) -> list[str]:
+    """Operands of ``o`` that one of its nodes writes in place, the first argument of a node
+    excepted (that one runs on the operator's own copy)."""
+    out = []
+    for m in o.nodes:
+        for i, v in _written_args(by_name[_piece(m)[0]]):
+            if i and v.name in o.operand_nodes and v.name not in out:
+                out.append(v.name)
+    return out
+
+
+def _written_args(node: fx.Node) -> list[tuple[int, fx.Node]]:
+    """(position, node) of the arguments ``node`` writes in place."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return []
+    args = schema.arguments
+    written = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    if node.target is torch.ops.aten.batch_norm.default:     # its schema does not mark them
+        written = [3, 4]
+    out = []
+    for i in written:
+        v = node.args[i] if i < len(node.args) else node.kwargs.get(args[i].name)
+        if isinstance(v, fx.Node):
+            out.append((i, v))
+    return out
 
 
 def _bind(node: fx.Node, args, kwargs) -> dict:

@@ -7,7 +7,8 @@ Case ``family:k`` loads ``DIR/family-k.json`` (a plan saved by the test from the
 searched on ``cpu:N``), builds the family's model with the same seed as the single-process
 reference, lays it out with ``tensoropt.parallelize(model, path)`` -- nothing else: no graph,
 no inputs, whatever the plan (pipelines included) -- and compares the first step's loss and
-every gradient, the loss after three Adam steps, and the second Adam step's peak memory
+every gradient, the loss and the floating-point buffers (BatchNorm's running statistics)
+after three Adam steps, and the second Adam step's peak memory
 (``tensoropt.apply.peak_memory``: gradients and optimizer state resident, as
 ``step_peak_memory`` measures) with the plan's ``peak_memory_bytes``. Rank 0 prints one ``RESULT {json}`` line per case.
 """
@@ -22,15 +23,17 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
 from tensoropt.apply import PipelineRunner, full_grads, peak_memory, train_step  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
-from tests.third_party.families import FAMILIES  # noqa: E402
+from tests.third_party.families import EXTRA, FAMILIES  # noqa: E402
 
 LR = 1e-2
+FAMILIES = {**FAMILIES, **EXTRA}      # the suite's and those scripts/try_families.py tries
 
 
 def call(model, inputs):
@@ -72,8 +75,14 @@ def reference(family: str, batch: int):
         loss = float(call(model, inputs).detach())
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         loss3 = three_adam_steps(model, list(model.parameters()), inputs)
-        _REFERENCE[family, batch] = (loss, grads, loss3)
+        _REFERENCE[family, batch] = (loss, grads, loss3, float_buffers(model))
     return _REFERENCE[family, batch]
+
+
+def float_buffers(model) -> dict:
+    """Floating-point buffers (BatchNorm's running statistics), whole."""
+    return {n: (b.full_tensor() if isinstance(b, DTensor) else b).detach().clone()
+            for n, b in model.named_buffers() if b.is_floating_point()}
 
 
 def run_case(case: str, world: int, plans: str) -> dict:
@@ -84,7 +93,7 @@ def run_case(case: str, world: int, plans: str) -> dict:
     fam = FAMILIES[family]
     batch = plan.training["batch_size"]
     inputs = fam.inputs(batch, "cpu")
-    loss_ref, g_ref, loss3_ref = reference(family, batch)
+    loss_ref, g_ref, loss3_ref, b_ref = reference(family, batch)
 
     t1 = time.perf_counter()
     model = tensoropt.parallelize(fam.build(), path)
@@ -102,11 +111,16 @@ def run_case(case: str, world: int, plans: str) -> dict:
         mem.update(peak_memory(step, model.model if pipelined else model, opt, modules=not pipelined))
 
     loss3 = three_adam_steps(model, params, inputs, measure)
+    bufs = float_buffers(model.model if pipelined else model)
+    b_errs = {n: float((bufs[n] - b).abs().max()) / max(float(b.abs().max()), 1e-6)
+              for n, b in b_ref.items() if n in bufs}
     return {"case": case, "world": world, "plan": plan.summary, "stages": len(plan.stages),
             "loss": loss, "loss_ref": loss_ref, "loss_rel": abs(loss - loss_ref) / abs(loss_ref),
             "grad_missing": sorted(set(g_ref) - set(errs)), "grad_max_rel": max(errs.values(), default=0.0),
             "grad_worst": max(errs, key=errs.get) if errs else None,
             "loss3": loss3, "loss3_ref": loss3_ref, "loss3_rel": abs(loss3 - loss3_ref) / abs(loss3_ref),
+            "buffers_max_rel": max(b_errs.values(), default=0.0),
+            "buffers_worst": max(b_errs, key=b_errs.get) if b_errs else None,
             "peak_bytes": mem["peak_bytes"], "predicted_peak_bytes": plan.peak_memory_bytes,
             "seconds": {"reference": t1 - t0, "parallelize": t2 - t1, "steps": time.perf_counter() - t2}}
 
