@@ -2,9 +2,10 @@
 
 For every family of ``tests/third_party/families.py`` (tiny configurations, built as their
 users build them): capture finds one repeated block per layer and prices every op; the
-frontiers on ``cpu:2`` and ``cpu:4`` hold pipeline plans; and plans spread along each frontier
--- the fastest, the least memory, four in between, a pipeline plan among them -- are saved,
-loaded by a torchrun launch and laid out with ``tensoropt.parallelize(model, path)`` alone.
+frontiers on ``cpu:2`` (and ``cpu:4``, see FOUR_RANKS) hold pipeline plans; and plans spread
+along each frontier -- the fastest, the least memory, four in between, a pipeline plan among
+them -- are saved, loaded by a torchrun launch and laid out with
+``tensoropt.parallelize(model, path)`` alone.
 Each must match single-process training (first loss and every gradient within 1e-4, the
 loss after three Adam steps within 1e-4) and its measured peak memory must be within 10 %
 of ``Plan.peak_memory_bytes``.
@@ -20,7 +21,7 @@ import pytest
 import tensoropt
 from tensoropt.capture import capture
 from tensoropt.launch import run_torchrun
-from tests.third_party.families import FAMILIES
+from tests.third_party.families import EXTRA, FAMILIES, spread
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +30,12 @@ BATCH = 4
 WORLDS = (2, 4)
 # TENSOROPT_FAMILIES=llama,bert narrows a local run; CI runs every family.
 NAMES = [n for n in os.environ.get("TENSOROPT_FAMILIES", ",".join(FAMILIES)).split(",") if n]
-# Families beyond the ones the real-models issue names run on two ranks only (suite time).
-TWO_RANKS_ONLY = {"phi3", "bart"}
+# On four ranks (four processes on the 2-core CI machine: about 5 s a plan) the suite runs
+# the families with the most distinct layouts: rotary with a padding mask, tied Conv1D
+# weights, an encoder with a mask, complex rotary over a ModuleDict. Every family on four
+# ranks: TENSOROPT_CONFORMANCE=full, or scripts/run_families.py (data/families/suite.json).
+FOUR_RANKS = {"llama", "gpt2", "bert", "torchtitan-llama3"}
+FULL = os.environ.get("TENSOROPT_CONFORMANCE") == "full"
 TOL = 1e-4
 MEMORY_TOL = 0.10
 # Measured deviations beyond MEMORY_TOL, by plan kind (see README "Supported models"): up to
@@ -45,21 +50,7 @@ KNOWN_MEMORY_DEVIATIONS = {
 
 
 def _names(world: int) -> list[str]:
-    return [n for n in NAMES if world == 2 or n not in TWO_RANKS_ONLY]
-
-
-def spread(plans: list, between: int = 4) -> list[int]:
-    """Frontier indices: the fastest, the least memory and ``between`` evenly spaced in between,
-    one of them a pipeline plan when the frontier has any."""
-    n = len(plans)
-    if n <= between + 2:
-        return list(range(n))
-    picks = [0] + [round(k * (n - 1) / (between + 1)) for k in range(1, between + 1)] + [n - 1]
-    pipes = [i for i, p in enumerate(plans) if p.stages]
-    if pipes and not any(plans[i].stages for i in picks):
-        inner = min(range(1, between + 1), key=lambda j: min(abs(picks[j] - i) for i in pipes))
-        picks[inner] = min(pipes, key=lambda i: abs(picks[inner] - i))
-    return sorted(set(picks))
+    return [n for n in NAMES if world == 2 or FULL or n in FOUR_RANKS]
 
 
 @pytest.fixture(scope="session")
@@ -85,15 +76,34 @@ def plan_dirs(frontiers, tmp_path_factory):
             for k in spread(plans):
                 plans[k].save(d / f"{name}-{k}.json")
                 cases.append(f"{name}:{k}")
+        if world == 2 and not os.environ.get("TENSOROPT_FAMILIES"):
+            # BatchNorm inside recomputed blocks (its statistics must be updated once)
+            fam = EXTRA["resnet"]
+            plans = tensoropt.frontier(fam.build("meta"), "cpu:2", inputs=fam.inputs(BATCH, "meta"),
+                                       progress=False).plans
+            k = next(i for i, p in enumerate(plans) if p.recompute)
+            plans[k].save(d / f"resnet-{k}.json")
+            cases.append(f"resnet:{k}")
         dirs[world] = (d, cases)
     return dirs
 
 
 def _launch(plan_dirs, world: int) -> dict:
+    """Every case's result. A failing pipeline case can leave the ranks out of step and end
+    the launch: its result is kept and the cases after it run in a new launch."""
     d, cases = plan_dirs[world]
-    r = run_torchrun(WORKER, ["--plans", str(d), "--case", ",".join(cases)], nproc=world, timeout=1500)
-    out = {res["case"]: res for res in r.results}
-    assert r.ok and set(out) == set(cases), r.summary()
+    out: dict = {}
+    for _ in range(4):
+        left = [c for c in cases if c not in out]
+        if not left:
+            break
+        r = run_torchrun(WORKER, ["--plans", str(d), "--case", ",".join(left)], nproc=world, timeout=1500)
+        out.update({res["case"]: res for res in r.results})
+        crashed = next((c for c in left if c not in out), None)
+        if crashed is not None and not r.ok:     # ended in this case before reporting it
+            out[crashed] = {"case": crashed, "world": world, "ok": False,
+                            "error": "the launch ended in this case", "trace": r.summary()[-3000:]}
+    assert set(out) == set(cases), sorted(set(cases) - set(out))
     return out
 
 
@@ -102,9 +112,13 @@ def results(plan_dirs):
     return {world: _launch(plan_dirs, world) for world in WORLDS}
 
 
-@pytest.mark.parametrize("name", NAMES)
+# The issue's encoder-decoder and hierarchical vision families beyond the runs: capture only.
+CAPTURED_ONLY = ("t5", "swin")
+
+
+@pytest.mark.parametrize("name", NAMES + [n for n in CAPTURED_ONLY if not os.environ.get("TENSOROPT_FAMILIES")])
 def test_capture_finds_every_layer_and_prices_every_op(name):
-    fam = FAMILIES[name]
+    fam = FAMILIES.get(name) or EXTRA[name]
     model = fam.build("meta")
     graph = capture(model, fam.inputs(BATCH, "meta"))
     assert len(graph.blocks) == fam.layers, (graph.block_modules, fam.layers)
@@ -152,6 +166,17 @@ def test_peak_memory_within_ten_percent(results, name, world):
     assert all(abs(v[2]) < KNOWN_TOL for v, _ in known.values()), known
     if known:
         pytest.xfail(f"known deviations beyond {MEMORY_TOL:.0%}: {known}")
+
+
+def test_recomputed_batch_norm_blocks_match_single_process(results):
+    runs = {c: r for c, r in results[2].items() if c.startswith("resnet:")}
+    if not runs:
+        pytest.skip("TENSOROPT_FAMILIES narrows the run")
+    for case, r in runs.items():
+        assert r["ok"], f"{case}: {r.get('error')}\n{r.get('trace', '')}"
+        assert "rc" in r["plan"]
+        assert r["loss_rel"] < TOL and r["grad_max_rel"] < TOL and r["loss3_rel"] < TOL, r
+        assert r["buffers_max_rel"] < TOL, (r["buffers_worst"], r["buffers_max_rel"])
 
 
 def test_spread_picks_ends_and_a_pipeline_plan():

@@ -136,7 +136,7 @@ def _swin():
 
 def _t5():
     T = _hf()
-    return T.T5ForConditionalGeneration(T.T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_layers=2,
+    return T.T5ForConditionalGeneration(T.T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_layers=3,
                                                    num_heads=4, dropout_rate=0.0, decoder_start_token_id=0,
                                                    pad_token_id=0))
 
@@ -180,4 +180,63 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("convnext", _convnext, _images, 2, "vision"),
     Family("bart", _bart, _tokens, 2, "encoder-decoder"),
     Family("torchtitan-llama3", _titan, _titan_inputs, 4, "torchtitan"),
+]}
+
+def spread(plans: list, between: int = 4) -> list[int]:
+    """Frontier indices: the fastest, the least memory and ``between`` evenly spaced in between,
+    one of them a pipeline plan when the frontier has any."""
+    n = len(plans)
+    if n <= between + 2:
+        return list(range(n))
+    picks = [0] + [round(k * (n - 1) / (between + 1)) for k in range(1, between + 1)] + [n - 1]
+    pipes = [i for i, p in enumerate(plans) if p.stages]
+    if pipes and not any(plans[i].stages for i in picks):
+        inner = min(range(1, between + 1), key=lambda j: min(abs(picks[j] - i) for i in pipes))
+        picks[inner] = min(pipes, key=lambda i: abs(picks[inner] - i))
+    return sorted(set(picks))
+
+
+# Families beyond the conformance suite, tried by scripts/try_families.py (results in
+# data/families_beyond.json and the README). ``layers``: the blocks capture should find
+# (T5: its first layer computes the position bias the later ones reuse, so the decoder's
+# layers after the first; Swin: the deepest stage's; ResNet: the deepest stage's after its
+# first, which downsamples).
+_GPTJ = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, resid_pdrop=0.0,
+             embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def _hf_model(cls_name: str, cfg_name: str, **cfg):
+    def make():
+        T = _hf()
+        return getattr(T, cls_name)(getattr(T, cfg_name)(**cfg))
+    return make
+
+
+EXTRA: dict[str, Family] = {f.name: f for f in [
+    Family("t5", _t5, _tokens, 2, "encoder-decoder"),
+    Family("swin", _swin, _images, 2, "vision"),
+    Family("mixtral", _decoder("MixtralForCausalLM", "MixtralConfig", num_local_experts=4, num_experts_per_tok=2),
+           _tokens, 2, "decoder"),
+    Family("starcoder2", _decoder("Starcoder2ForCausalLM", "Starcoder2Config", residual_dropout=0.0,
+                                  embedding_dropout=0.0), _tokens, 2, "decoder"),
+    Family("olmo", _decoder("OlmoForCausalLM", "OlmoConfig"), _tokens, 2, "decoder"),
+    Family("gemma2", _decoder("Gemma2ForCausalLM", "Gemma2Config", head_dim=8), _tokens, 2, "decoder"),
+    Family("gemma3", _decoder("Gemma3ForCausalLM", "Gemma3TextConfig", head_dim=8, sliding_window=4),
+           _tokens, 2, "decoder"),
+    Family("gptj", _hf_model("GPTJForCausalLM", "GPTJConfig", **_GPTJ), _tokens, 2, "decoder"),
+    Family("bloom", _hf_model("BloomForCausalLM", "BloomConfig", vocab_size=VOCAB, hidden_size=32, n_layer=2,
+                              n_head=4, hidden_dropout=0.0, attention_dropout=0.0), _tokens, 2, "decoder"),
+    Family("distilbert", _hf_model("DistilBertForMaskedLM", "DistilBertConfig", vocab_size=VOCAB, dim=32,
+                                   n_layers=2, n_heads=4, hidden_dim=64, dropout=0.0, attention_dropout=0.0),
+           _tokens, 2, "encoder"),
+    Family("roberta", _hf_model("RobertaForMaskedLM", "RobertaConfig", vocab_size=VOCAB, hidden_size=32,
+                                num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                max_position_embeddings=64), lambda b, d: _tokens(b, d, mask=True), 2, "encoder"),
+    Family("deit", _hf_model("DeiTForImageClassification", "DeiTConfig", hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=4, intermediate_size=64, image_size=IMAGE, patch_size=4,
+                             num_labels=CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+           _images, 2, "vision"),
+    Family("resnet", _hf_model("ResNetForImageClassification", "ResNetConfig", hidden_sizes=[16, 32],
+                               depths=[1, 3], embedding_size=16, num_labels=CLASSES), _images, 2, "vision"),
 ]}
