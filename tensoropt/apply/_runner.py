@@ -84,6 +84,9 @@ class Step:
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     free: tuple[str, ...] = ()       # env entries dead after this step
+    # written in place: an operator's moved operands (written back to where they came from),
+    # a segment's reads (read by reference, not as checkpoint inputs autograd would find changed)
+    written: tuple[str, ...] = ()
 
 
 def _piece(name: str) -> tuple[str, int | None]:
@@ -133,7 +136,15 @@ class ProgramRunner:
                 steps.append(Step("node", node=n, reads=tuple(a.name for a in n.all_input_nodes), writes=(n.name,)))
         for fqn in recompute:
             steps = _segment(steps, fqn, self.keep)
+        self._mark_segment_writes(steps)
         return steps
+
+    def _mark_segment_writes(self, steps: list[Step]) -> None:
+        for st in steps:
+            if st.kind == "segment":
+                mutated = {v.name for n in self._body_nodes(st.steps) for _, v in _written_args(n)}
+                st.written = tuple(r for r in st.reads if r in mutated)
+                self._mark_segment_writes(st.steps)
 
     def _op_step(self, o, members) -> Step:
         mine = {_piece(m)[0] for m in o.nodes}
@@ -146,7 +157,8 @@ class ProgramRunner:
                     reads.append(a.name)
             if any(u.name not in mine and not _skipped(u) for u in node.users):
                 writes.append(m)
-        return Step("op", op=o, reads=tuple(reads), writes=tuple(writes))
+        return Step("op", op=o, reads=tuple(reads), writes=tuple(writes),
+                    written=tuple(_written_operands(o, self.by_name)))
 
     # ---------------------------------------------------------------- setup
 
@@ -288,9 +300,8 @@ class ProgramRunner:
     def _segment(self, st: Step, env: dict[str, Any]) -> None:
         # what the segment writes in place (BatchNorm's statistics and step count) it reads by
         # reference, not as a checkpoint input that autograd would find changed
-        mutated = {v.name for n in self._body_nodes(st.steps) for _, v in _written_args(n)}
-        names = [r for r in st.reads if r not in mutated]
-        held = {r: env[r] for r in st.reads if r in mutated}
+        names = [r for r in st.reads if r not in st.written]
+        held = {r: env[r] for r in st.written}
         outs = list(st.writes)
         calls = [0]
 
@@ -325,7 +336,7 @@ class ProgramRunner:
         """A recomputed forward leaves state alone that the first one updated: an in-place
         write to a value from outside the segment is skipped (returns that value), and
         BatchNorm's running statistics are not updated a second time."""
-        if _mutates_first(node) and isinstance(node.args[0], fx.Node) and node.args[0].name in self.replaying:
+        if _mutates_first(node) and node.args[0].name in self.replaying:
             return args[0], None, None
         if node.target is torch.ops.aten.batch_norm.default and len(args) >= 6 and args[5]:
             spare = [t.clone() if isinstance(t, torch.Tensor) else t for t in args[3:5]]
@@ -388,7 +399,7 @@ class ProgramRunner:
                 res = self._call(o, node, args, kwargs, env)
                 local[m if piece is None else base] = res if piece is None else res[piece]
         if self.replaying is None:
-            for name in _written_operands(o, self.by_name):
+            for name in st.written:
                 self._write_back(o, o.operand_nodes.index(name), env[name], local[name])
         for name in st.writes:
             value = local[name]
@@ -514,11 +525,8 @@ _MEAN, _SUM = 1, 2          # aten's reduction enum
 
 
 def _mutates_first(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or not schema.arguments:
-        return False
-    alias = schema.arguments[0].alias_info
-    return alias is not None and alias.is_write
+    """Does ``node`` write its first argument (a node) in place?"""
+    return any(i == 0 for i, _ in _written_args(node))
 
 
 def _written_operands(o, by_name: dict) -> list[str]:
