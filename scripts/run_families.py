@@ -32,13 +32,11 @@ import torch  # noqa: E402
 
 import tensoropt  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
-from tensoropt.launch import run_torchrun  # noqa: E402
+from tensoropt.launch import run_cases  # noqa: E402
 from tensoropt.search import unpriced_ops  # noqa: E402
-from tests.third_party.families import EXTRA, FAMILIES, spread  # noqa: E402
+from tests.third_party.families import BATCH, EXTRA, FAMILIES, MEMORY_TOL, TOL, spread  # noqa: E402
 
 WORKER = os.path.join(ROOT, "tests", "dist_scripts", "conformance_worker.py")
-BATCH = 4
-TOL, MEMORY_TOL = 1e-4, 0.10
 
 
 def _ends(plans) -> list[int]:
@@ -73,22 +71,6 @@ def _explore(fam, worlds, picker, plan_dir) -> tuple[dict, dict[int, list[str]]]
             f.plans[k].save(os.path.join(d, f"{fam.name}-{k}.json"))
             cases.setdefault(world, []).append(f"{fam.name}:{k}")
     return out, cases
-
-
-def _run(world: int, cases: list[str], plan_dir: str) -> dict[str, dict]:
-    """Every case's result; a launch that ends early is resumed after the case it ended in."""
-    out: dict[str, dict] = {}
-    while True:
-        left = [c for c in cases if c not in out]
-        if not left:
-            return out
-        r = run_torchrun(WORKER, ["--plans", os.path.join(plan_dir, str(world)), "--case", ",".join(left)],
-                         nproc=world, timeout=3000)
-        out.update({res["case"]: res for res in r.results})
-        crashed = next((c for c in left if c not in out), None)
-        if crashed is not None:
-            out[crashed] = {"case": crashed, "ok": False, "error": "the launch ended in this case: "
-                            + r.summary()[-1500:]}
 
 
 def _verdict(res: dict) -> dict:
@@ -131,6 +113,9 @@ def main() -> None:
     args = ap.parse_args()
     pool = EXTRA if args.extra else FAMILIES
     names = [n for n in args.families.split(",") if n] or list(pool)
+    unknown = [n for n in names if n not in {**FAMILIES, **EXTRA}]
+    if unknown:
+        ap.error(f"unknown families {unknown}; known: {', '.join([*FAMILIES, *EXTRA])}")
     worlds = [int(w) for w in (args.worlds or ("2" if args.extra else "2,4")).split(",")]
     picker = _ends if (args.ends or args.extra) else spread
     out_path = args.out or os.path.join(ROOT, "data", "families", ("extra" if args.extra else "suite") + ".json")
@@ -146,7 +131,9 @@ def main() -> None:
             print(name, {k: v for k, v in results[name].items() if k not in ("unpriced", "block_modules")},
                   flush=True)
         for world, cases in all_cases.items():
-            for case, res in _run(world, cases, plan_dir).items():
+            runs = run_cases(WORKER, cases, ["--plans", os.path.join(plan_dir, str(world))], nproc=world,
+                             timeout=3000)
+            for case, res in runs.items():
                 name, k = case.split(":")
                 results[name].setdefault(f"runs_{world}", {})[k] = _verdict(res)
     doc = {"date": _dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "

@@ -131,6 +131,26 @@ def run_torchrun(script: str | os.PathLike, args: list[str] | tuple[str, ...] = 
     return TorchrunResult(proc.returncode if not timed_out else -9, out, err, timed_out, results)
 
 
+def run_cases(script: str | os.PathLike, cases: list[str], args: list[str] | tuple[str, ...] = (), *,
+              nproc: int = 2, timeout: float = 120.0, launches: int | None = None) -> dict[str, dict]:
+    """Every case's result from ``script args --case c1,c2,...`` (a :func:`run_each` worker
+    printing a result with ``"case"`` per case). A failing case can leave the ranks out of
+    step and end the launch: the case it ended in is reported failed with the launch's
+    summary, and the cases after it run in a new launch (at most ``launches`` in all)."""
+    out: dict[str, dict] = {}
+    for _ in range(launches or len(cases) + 1):
+        left = [c for c in cases if c not in out]
+        if not left:
+            break
+        r = run_torchrun(script, [*args, "--case", ",".join(left)], nproc=nproc, timeout=timeout)
+        out.update({res["case"]: res for res in r.results})
+        crashed = next((c for c in left if c not in out), None)
+        if crashed is not None and not r.ok:
+            out[crashed] = {"case": crashed, "world": nproc, "ok": False,
+                            "error": "the launch ended in this case", "trace": r.summary()[-3000:]}
+    return out
+
+
 def _descendants(pid: int) -> list[int]:
     """All descendant pids of ``pid`` (Linux /proc walk; empty elsewhere)."""
     children: dict[int, list[int]] = {}

@@ -20,13 +20,12 @@ import pytest
 
 import tensoropt
 from tensoropt.capture import capture
-from tensoropt.launch import run_torchrun
-from tests.third_party.families import EXTRA, FAMILIES, spread
+from tensoropt.launch import run_cases
+from tests.third_party.families import BATCH, EXTRA, FAMILIES, MEMORY_TOL, TOL, spread
 
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).parent / "dist_scripts" / "conformance_worker.py"
-BATCH = 4
 WORLDS = (2, 4)
 # TENSOROPT_FAMILIES=llama,bert narrows a local run; CI runs every family.
 NAMES = [n for n in os.environ.get("TENSOROPT_FAMILIES", ",".join(FAMILIES)).split(",") if n]
@@ -36,16 +35,12 @@ NAMES = [n for n in os.environ.get("TENSOROPT_FAMILIES", ",".join(FAMILIES)).spl
 # ranks: TENSOROPT_CONFORMANCE=full, or scripts/run_families.py (data/families/suite.json).
 FOUR_RANKS = {"llama", "gpt2", "bert", "torchtitan-llama3"}
 FULL = os.environ.get("TENSOROPT_CONFORMANCE") == "full"
-TOL = 1e-4
-MEMORY_TOL = 0.10
 # Measured deviations beyond MEMORY_TOL, by plan kind (see README "Supported models"): up to
 # KNOWN_TOL, they are expected failures that say so; beyond it, failures.
 KNOWN_TOL = 0.20
 KNOWN_MEMORY_DEVIATIONS = {
     "zero with tensor parallelism and recomputation": lambda summary: (
         "zero" in summary and "tp" in summary and "rc" in summary),
-    "pipeline with tensor parallelism inside stages, 2 micro-batches": lambda summary: (
-        summary.startswith("pp") and "tp" in summary and "mb2" in summary),
 }
 
 
@@ -89,20 +84,8 @@ def plan_dirs(frontiers, tmp_path_factory):
 
 
 def _launch(plan_dirs, world: int) -> dict:
-    """Every case's result. A failing pipeline case can leave the ranks out of step and end
-    the launch: its result is kept and the cases after it run in a new launch."""
     d, cases = plan_dirs[world]
-    out: dict = {}
-    for _ in range(4):
-        left = [c for c in cases if c not in out]
-        if not left:
-            break
-        r = run_torchrun(WORKER, ["--plans", str(d), "--case", ",".join(left)], nproc=world, timeout=1500)
-        out.update({res["case"]: res for res in r.results})
-        crashed = next((c for c in left if c not in out), None)
-        if crashed is not None and not r.ok:     # ended in this case before reporting it
-            out[crashed] = {"case": crashed, "world": world, "ok": False,
-                            "error": "the launch ended in this case", "trace": r.summary()[-3000:]}
+    out = run_cases(WORKER, cases, ["--plans", str(d)], nproc=world, timeout=1500, launches=4)
     assert set(out) == set(cases), sorted(set(cases) - set(out))
     return out
 
