@@ -121,11 +121,13 @@ def stage_buffer_bytes(graph: OpGraph, specs: list[StageSpec], microbatches: int
     into = [boundary_bytes(graph, spec.ops, itemsize_scale) / devices if k else 0.0 for k, spec in enumerate(specs)]
     out = []
     for k, spec in enumerate(specs):
-        last = k == len(specs) - 1
-        sent = 0.0 if last else into[k + 1] if k + 1 < len(specs) else 0.0
-        if 0 < k < len(specs) - 1:
+        if k == len(specs) - 1:
+            sent = 0.0
+        elif k == 0:
+            sent = into[1]
+        else:
             sent = into[k]                     # a middle stage passes on what it receives
-        out.append(microbatches * into[k] + (0.0 if last else (microbatches + spec.in_flight) * sent))
+        out.append(microbatches * into[k] + (microbatches + spec.in_flight) * sent)
     return out
 
 
