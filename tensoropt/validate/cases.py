@@ -106,9 +106,14 @@ def select_plans(key: str, world: int, profile: str | None, *, max_plans: int = 
             continue
         seen.add(k)
         c = CandidatePlan(key, role, plan)
+        if plan.stages:
+            # the step calibration's features and the worker's timed loop are those of one
+            # program on one mesh; pipelines are run and checked by tests/test_conformance.py
+            c.applicable, c.reason = False, "a pipeline plan: not in the step calibration"
+            out.append(c)
+            continue
         try:
-            if not plan.stages:
-                plan_layout(plan, meta)
+            plan_layout(plan, meta)
             c.apply_mode = apply_mode(key, plan, graph)
         except (PlanNotApplicable, ValueError) as err:
             c.applicable, c.reason = False, f"{type(err).__name__}: {err}"
