@@ -130,6 +130,19 @@ def test_step_features_of_a_frontier_plan():
     assert StepCalibration().predict(feats) == pytest.approx(dp.time_s)
 
 
+def test_selected_pipeline_plans_are_skipped_with_a_reason():
+    from tensoropt.validate.cases import capture_graph, select_plans
+
+    cands = select_plans("gpt", 2, None)
+    pipes = [c for c in cands if c.plan.stages]
+    assert pipes, [c.role for c in cands]            # the small GPT's frontier has pipeline plans
+    assert all(not c.applicable and "pipeline" in c.reason for c in pipes)
+    graph = capture_graph("gpt")
+    for c in cands:
+        if c.applicable:
+            step_features(c.plan, graph, c.apply_mode)   # what scripts/validate.py computes
+
+
 def test_calibrated_frontier_reprices_and_prunes():
     import tensoropt
     from tensoropt.validate.cases import capture_graph, make_inputs, make_model
