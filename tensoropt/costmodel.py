@@ -272,11 +272,30 @@ def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) ->
     return most
 
 
+def _relayout_forward_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> float:
+    """What a layout move holds in forward beside its input (the largest over the axes): a
+    gather's whole tensor, and when it gathers a dimension other than the first, the chunks
+    concatenated (DTensor gathers along dimension 0); a reduction's new output; an all-to-all
+    as in :func:`_relayout_transient_bytes`; a slice's local copy."""
+    most = 0.0
+    for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
+        hs, ws = h.startswith("S"), w.startswith("S")
+        if hs and w == "R":
+            most = max(most, n if _dim_placement(h) == 0 else 2 * n)
+        elif hs and ws and not aligned[a]:
+            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
+        elif h == "P":
+            most = max(most, n / p if ws else n)
+        elif h == "R" and ws:
+            most = max(most, n / p)
+    return most
+
+
 def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
-                dst_cfgs: list[OpConfig], mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+                dst_cfgs: list[OpConfig], mesh: Mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For one edge: the ``(K_src, K_dst, 2)`` table of (time_s, memory_bytes) the engine adds
-    up, and the ``(K_src, K_dst)`` bytes the layout move's backward holds
-    (:func:`_relayout_transient_bytes`)."""
+    up, and the ``(K_src, K_dst)`` bytes the layout move holds in backward
+    (:func:`_relayout_transient_bytes`) and in forward (:func:`_relayout_forward_bytes`)."""
     src, dst = graph.operators[edge.src], graph.operators[edge.dst]
     s_terms, s_out = src.terms
     contracted = "".join(c for t in s_terms for c in t if c not in s_out)
@@ -291,15 +310,17 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
     w_keys = {w: i for i, w in enumerate(dict.fromkeys(zip(want, partial)))}
     times = np.zeros((len(h_keys), len(w_keys)))
     held = np.zeros((len(h_keys), len(w_keys)))
+    ahead = np.zeros((len(h_keys), len(w_keys)))
     for h, i in h_keys.items():
         for (w, gp), j in w_keys.items():
             aligned = tuple(_aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
             times[i, j] = cm.redistribute_s(nbytes, h, w, aligned, gp, mesh)
             held[i, j] = _relayout_transient_bytes(nbytes, h, w, aligned, mesh)
+            ahead[i, j] = _relayout_forward_bytes(nbytes, h, w, aligned, mesh)
     pick = np.ix_([h_keys[h] for h in have], [w_keys[k] for k in zip(want, partial)])
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
     table[..., 0] = times[pick]
-    return table, held[pick]
+    return table, held[pick], ahead[pick]
 
 
 def _aligned(have: str, want: str, dim_map: tuple[int | None, ...]) -> bool:

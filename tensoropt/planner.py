@@ -46,7 +46,7 @@ class MeshProblem:
     tied_s: dict = None                           # operator -> per-configuration tied-parameter moves (s)
     activation_factor: float = 1.0                # micro-batches of activations held (pipeline stages)
     accumulates: bool = False                     # gradients accumulate over micro-batches (pipeline stages)
-    edge_transients: tuple = ()                   # (src, dst, K_src x K_dst bytes): layout moves' backward buffers
+    edge_transients: tuple = ()                   # (src, dst, backward, forward): layout moves' buffers, K_src x K_dst
     skips: tuple = ()                             # (src, last consumer) where that is not src + 1
 
     def recompute_node(self, unit: int) -> int:
@@ -134,10 +134,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
         if key not in edge_cache:
             edge_cache[key] = edge_tables(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
-        table, moved = edge_cache[key]
+        table, moved, ahead = edge_cache[key]
         edges.append((e.src, e.dst, table))
-        if moved.any():
-            edge_transients.append((e.src, e.dst, moved))
+        if moved.any() or ahead.any():
+            edge_transients.append((e.src, e.dst, moved, ahead))
 
     tied = _tied_parameter_times(graph, configs, mesh, cost_model)
     units = recompute_units(graph) if recompute else []
@@ -179,8 +179,10 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
     recomputed unit holds its rematerialised activations up to ``i``, and ``i`` adds its own
     transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers; when
     gradients accumulate over micro-batches, also this micro-batch's parameter gradients before
-    they are added). With ``f`` micro-batches in flight (pipeline stages) the other ``f - 1``
-    keep all theirs. The peak is
+    they are added). A recomputed unit's second forward, run when its last operator's backward
+    is due, is a point of its own: each operator's output and input moves on top of the
+    activations rematerialised so far. With ``f`` micro-batches in flight (pipeline stages) the
+    other ``f - 1`` keep all theirs. The peak is
     the largest such sum; the result is that peak minus the activations the cost graph
     charges (never negative: the last operator's backward sees all of them). ``held_extra``
     (rows x operators): bytes the execution holds beside these while operator ``i`` runs its
@@ -191,36 +193,62 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
         return np.zeros(n)
     act_of, trans_of, out_of, regathered_of = problem.backward_tables
     act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
-    trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1)
+    out = np.stack([out_of[i][a[:, i]] for i in range(n_ops)], 1)
     # An output used again further on (a residual, q/k/v from one norm) keeps its gradient,
     # summed over the users done so far, from its last user's backward until its own.
+    pending = np.zeros_like(act)
     for src, last in problem.skips:
-        trans[:, src + 1:last] += out_of[src][a[:, src]][:, None]
-    moves = np.zeros_like(trans)                   # after dst's backward, before src's
-    for src, dst, table in problem.edge_transients:
+        pending[:, src + 1:last] += out[:, src][:, None]
+    trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1) + pending
+    moves = np.zeros_like(act)                     # after dst's backward, before src's
+    ahead = np.zeros_like(act)                     # the moves into dst in forward
+    for src, dst, table, forward in problem.edge_transients:
         moves[:, dst] = np.maximum(moves[:, dst], table[a[:, src], a[:, dst]])
+        ahead[:, dst] = np.maximum(ahead[:, dst], forward[a[:, src], a[:, dst]])
     held = act.copy()
     again = np.zeros_like(act)                     # rematerialised during the unit's backward
+    recomputed = []
     for k, (_, ops) in enumerate(problem.units):
         node = n_ops + k
         if node >= a.shape[1]:
             continue
         rc = a[:, node] == 1
+        if not rc.any():
+            continue
         ops = list(ops)
         held[np.ix_(rc, ops)] = 0.0
         held[rc, ops[0]] = np.asarray(problem.unit_input_bytes[k])[a[rc, ops[0]]]
-        regathered = np.stack([regathered_of[i][a[rc, i]] for i in ops], 1) if rc.any() else 0.0
+        regathered = np.stack([regathered_of[i][a[rc, i]] for i in ops], 1)
         again[np.ix_(rc, ops)] = np.cumsum(act[np.ix_(rc, ops)] + regathered, axis=1)
+        recomputed.append((rc, ops))
     total = held.sum(axis=1)
     f = problem.activation_factor
-    before = (f - 1) * total[:, None] + np.cumsum(held, axis=1) + again
+    before = (f - 1) * total[:, None] + np.cumsum(held, axis=1)
     if held_extra is not None:
         before = before + np.atleast_2d(held_extra)
-    peak = (before + trans).max(axis=1)
+    peak = (before + again + trans).max(axis=1)
     if problem.edge_transients:
         # a layout move's backward runs once dst's backward is done and has freed dst's
         # activations (kept or rematerialised): the operators before dst still hold theirs
-        peak = np.maximum(peak, (before - act + moves).max(axis=1))
+        peak = np.maximum(peak, (before + again - act + moves).max(axis=1))
+    if recomputed:
+        # A recomputed unit's forward runs when its last operator's backward is due, beside
+        # what the backward holds then (the unit's input and everything before it, the
+        # gradient of its output and of outputs used further on): at each operator, the
+        # activations rematerialised so far, its output, its inputs' layout moves and the
+        # unit's outputs still waiting for a later user.
+        extra = np.broadcast_to(np.atleast_2d(held_extra), act.shape) if held_extra is not None else None
+        for rc, ops in recomputed:
+            first, last = ops[0], ops[-1]
+            live = np.zeros((int(rc.sum()), len(ops)))
+            for src, user in problem.skips:
+                if first <= src <= last:
+                    live[:, src + 1 - first:min(user, last) + 1 - first] += out[rc, src][:, None]
+            base = before[rc, first] + out[rc, last] + pending[rc, last]
+            if extra is not None:
+                base = base - extra[rc, first] + extra[rc, last]
+            rise = again[np.ix_(rc, ops)] + out[np.ix_(rc, ops)] + ahead[np.ix_(rc, ops)] + live
+            peak[rc] = np.maximum(peak[rc], base + rise.max(axis=1))
     return np.maximum(peak - f * total, 0.0)
 
 

@@ -1,6 +1,7 @@
 """The peak-memory terms that follow how plans really run (no torch.distributed needed):
 FSDP2 replicate's parameter copy and unreduced gradients, the batch every rank is handed,
-and the buffers of layout moves in backward (gloo's all-to-all is an all-gather)."""
+the buffers of layout moves in backward (gloo's all-to-all is an all-gather), and a recomputed
+unit's second forward."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 
 import tensoropt
 from tensoropt.capture import capture
-from tensoropt.costmodel import CostModel, _relayout_transient_bytes
+from tensoropt.costmodel import CostModel, NodeCost, _relayout_forward_bytes, _relayout_transient_bytes
 from tensoropt.execution import runs_replicated
 from tensoropt.hardware import get_device
 from tensoropt.models import example_inputs, get_model
-from tensoropt.planner import build_problem, replicate_held_bytes, step_input_bytes
+from tensoropt.planner import MeshProblem, build_problem, replicate_held_bytes, step_input_bytes, transient_bytes
 from tensoropt.strategy import OpConfig
 
 
@@ -90,3 +91,44 @@ def test_layout_move_buffers_follow_the_backend():
     assert _relayout_transient_bytes(n, ("R",), ("S(0)",), (False,), nccl) == pytest.approx(n + n / 4)
     assert _relayout_transient_bytes(n, ("S(0)",), ("S(0)",), (True,), gloo) == 0.0
     assert _relayout_transient_bytes(n, ("R",), ("R",), (False,), gloo) == 0.0
+
+
+def test_forward_layout_moves_hold_what_dtensor_allocates():
+    from tensoropt.hardware import get_link
+    from tensoropt.mesh import Mesh
+    gloo = Mesh((4,), ("m0",), (get_link("gloo-loopback"),))
+    n = 4096.0
+    # DTensor gathers along dimension 0: another dimension is concatenated from the chunks
+    assert _relayout_forward_bytes(n, ("S(0)",), ("R",), (False,), gloo) == pytest.approx(n)
+    assert _relayout_forward_bytes(n, ("S(2)",), ("R",), (False,), gloo) == pytest.approx(2 * n)
+    assert _relayout_forward_bytes(n, ("P",), ("R",), (False,), gloo) == pytest.approx(n)
+    assert _relayout_forward_bytes(n, ("P",), ("S(0)",), (False,), gloo) == pytest.approx(n / 4)
+    assert _relayout_forward_bytes(n, ("R",), ("S(1)",), (False,), gloo) == pytest.approx(n / 4)
+    assert _relayout_forward_bytes(n, ("S(1)",), ("S(1)",), (True,), gloo) == 0.0
+
+
+def _unit_problem(move: float) -> MeshProblem:
+    """Three operators in one recompute unit; the move into the last one holds ``move`` bytes
+    in forward and nothing in backward."""
+    from tensoropt.hardware import get_link
+    from tensoropt.mesh import Mesh
+    mesh = Mesh((2,), ("m0",), (get_link("gloo-loopback"),))
+    cost = NodeCost(compute_s=1.0, comm_s=0.0, forward_s=0.5, param_bytes=0.0, grad_bytes=0.0,
+                    optimizer_bytes=0.0, activation_bytes=100.0, transient_bytes=50.0, output_bytes=10.0)
+    cfg = (OpConfig.parse("b"),)
+    return MeshProblem(mesh, 0, (cfg,) * 3, ((cost,),) * 3, (("layers.0", (0, 1, 2)),), ((5.0,),),
+                       cost_graph=None, edge_transients=((1, 2, np.zeros((1, 1)), np.full((1, 1), move)),))
+
+
+def test_a_recomputed_units_second_forward_is_a_peak_of_its_own():
+    problem = _unit_problem(move=1000.0)
+    kept, recomputed = transient_bytes(problem, np.array([[0, 0, 0, 0], [0, 0, 0, 1]]))
+    # kept: the last backward sees the three activations and its own transient
+    assert kept == pytest.approx(300 + 50 - 300)
+    # recomputed: when the last operator's backward is due the unit runs forward again beside
+    # its input (5) and its output's gradient (10); at the last operator, the two activations
+    # rematerialised before it and its own (300), its output (10) and the move into it (1000)
+    assert recomputed == pytest.approx(5 + 10 + 300 + 10 + 1000 - 5)
+    # without the move, the backward of the last operator is the peak again
+    _, quiet = transient_bytes(_unit_problem(move=0.0), np.array([[0, 0, 0, 0], [0, 0, 0, 1]]))
+    assert quiet == pytest.approx(5 + 300 + 50 - 5)
