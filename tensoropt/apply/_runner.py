@@ -74,6 +74,14 @@ def _skipped(n: fx.Node) -> bool:
         tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
 
 
+def _zero_dims(placements: list[str], axis: int, ndim: int) -> list[int]:
+    """Tensor dims ZeRO may shard over mesh ``axis``: those no later axis shards. DTensor nests
+    the shards of one dim in mesh-axis order, so undoing this axis' shard of a dim that a later
+    axis shards too gathers the whole tensor and slices it again."""
+    later = {int(p[2:-1]) for b, p in enumerate(placements) if p.startswith("S(") and b > axis}
+    return [d for d in range(ndim) if d not in later]
+
+
 @dataclass
 class Step:
     kind: str                        # "node" | "op" | "segment"
@@ -213,7 +221,7 @@ class ProgramRunner:
                 for a in range(len(shape)):
                     if not (o.grad_partial[j][a] and shape[a] > 1 and want[a] == "R"):
                         continue
-                    d = next((d for d in range(len(pshape)) if pshape[d] % shape[a] == 0), None)
+                    d = next((d for d in _zero_dims(want, a, len(pshape)) if pshape[d] % shape[a] == 0), None)
                     if d is None:
                         continue
                     pshape[d] //= shape[a]
