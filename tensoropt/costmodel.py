@@ -186,7 +186,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
             # its gathered parameter and unreduced gradient, and the next layer's parameter
             # prefetched meanwhile (FSDP2 prefetches one all-gather ahead; taken as this size)
             gathered += (2 * bp + bg) * local_numel * (1 - 1 / d)
-            regathered += bp * local_numel * (1 - 1 / d)
+            regathered += bp * local_numel if d > 1 else 0.0
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
         fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
