@@ -107,6 +107,9 @@ class OpGraph:
     batch_size: int = 1
     unsupported: tuple[str, ...] = field(default=())  # aten ops captured as family "other"
     input_bytes: int = 0               # the step's input tensors (the batch), as fed to the model
+    # Operators whose outputs the forward returns beside the loss (a language model's logits):
+    # the caller holds them until the step ends.
+    returned: tuple[int, ...] = ()
     # The example inputs as JSON (``capture.inputs.input_spec``): what capturing again needs.
     inputs: dict = field(default_factory=dict, compare=False)
 

@@ -180,6 +180,23 @@ def _check_loss(program: Program, name: str) -> None:
             "pass labels among the inputs, e.g. inputs={'input_ids': ids, 'labels': ids}).")
 
 
+def _returned(program: Program, builder) -> tuple[int, ...]:
+    """The operators whose floating-point outputs the forward returns beside the loss."""
+    out = next(n for n in program.graph.nodes if n.op == "output")
+    flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    flat = [flat[i] for i in program.user_outputs]
+    try:
+        loss = loss_of(tree_unflatten(flat, program.out_spec))
+    except Exception:  # noqa: BLE001 - as _check_loss: the first leaf
+        loss = flat[0] if flat else None
+    ops = []
+    for n in flat:
+        v = builder.vals.get(n) if isinstance(n, torch.fx.Node) and n is not loss else None
+        if v is not None and v.kind == "op" and v.spec is not None and v.spec.dtype.startswith(("float", "bfloat")):
+            ops.append(v.op)
+    return tuple(sorted(set(ops)))
+
+
 def _names(ops: list[dict]) -> list[str]:
     per_module: dict[str, int] = {}
     for o in ops:
@@ -248,6 +265,7 @@ def capture_program(model: nn.Module, inputs: Any, *, kwargs: dict | None = None
     blocks, block_modules = find_blocks(model, ops, b.edges)
     graph = OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
                     blocks=blocks, block_modules=block_modules, batch_size=batch_size,
+                    returned=_returned(program, b),
                     unsupported=tuple(b.unsupported),
                     input_bytes=sum(t.numel() * t.element_size() for t in flat),
                     inputs=input_spec(args, kwargs))
