@@ -59,14 +59,16 @@ def _run_frontier(args) -> int:
         print(df.to_json(orient="records", indent=1))
     else:
         print(repr(f))
-        cols = ["time_ms", "memory_gib", "peak_memory_gib", "mesh", "summary", "fits_device"]
+        cols = ["time_ms", "memory_gib", "forward_end_gib", "mesh", "summary", "fits_device"]
+        names = {"memory_gib": "peak_memory_gib"}      # the frontier's axis: the step's peak per device
         shown = df if args.rows <= 0 or len(df) <= args.rows else df.iloc[_spread(len(df), args.rows)]
-        print(shown[cols].to_string(float_format=lambda x: f"{x:.4f}"))
+        print(shown[cols].rename(columns=names).to_string(float_format=lambda x: f"{x:.4f}"))
         if len(shown) < len(df):
             print(f"({len(shown)} of {len(df)} plans shown, evenly spread; --rows 0 or --format csv for all)")
         if f.reference:
             print("\nreference plans:")
-            print(f.references_to_pandas()[["label"] + cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+            print(f.references_to_pandas()[["label"] + cols].rename(columns=names)
+                  .to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
         for u in f.stats.get("unpriced_ops", []):
             print(f"not priced (no rule: kept replicated, per-element estimate): {u['operator']} "

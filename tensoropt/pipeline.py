@@ -94,7 +94,7 @@ def sub_graph(graph: OpGraph, ops: tuple[int, ...]) -> tuple[OpGraph, dict[int, 
     modules = tuple(m for m in graph.block_modules
                     if any(op.module == m or op.module.startswith(m + ".") for op in operators))
     sub = replace(graph, operators=operators, edges=edges, blocks=blocks if len(blocks) > 1 else (),
-                  block_modules=modules)
+                  block_modules=modules, returned=tuple(index[i] for i in graph.returned if i in index))
     return sub, index
 
 
@@ -179,6 +179,7 @@ class Candidate:
     (a search keeps only the points that survive the global frontier)."""
     time_s: float
     memory_bytes: float
+    peak_bytes: float                    # its plan's ``peak_memory_bytes``: the largest stage peak
     build: Callable[[], Any]
 
 
@@ -188,7 +189,7 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
     """The frontier points of one (stage count, micro-batch count) choice; ``mb_graph`` is the
     model captured at the micro-batch size."""
     from .collectives import send_recv_s
-    from .planner import build_problem
+    from .planner import build_problem, peak_bytes
 
     check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
     sub, link = stage_cluster(cluster, stages)
@@ -213,11 +214,15 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
         buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale, mesh.size)
         fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
-        points, picks = compose_stages(fronts, scale, p2p)
-        for (t, m), pick in zip(points, picks):
+        # stages compose on their peaks, each stage's as its plan will state it
+        peaks = [np.column_stack([f[:, 0], peak_bytes(problem, g, res.assignments, f[:, 1], microbatches)])
+                 for f, (g, problem, res) in zip(fronts, solved)]
+        points, picks = compose_stages(peaks, scale, p2p)
+        for (t, peak), pick in zip(points, picks):
+            m = max(f[k, 1] for f, k in zip(fronts, pick))
             build = partial(_build_plan, mb_graph, sub, link, mesh, cm, specs, solved, tuple(pick), float(t),
                             float(m), p2p, stages, microbatches, training, signature, devices, epsilon, buffers)
-            out.append(Candidate(float(t), float(m), build))
+            out.append(Candidate(float(t), float(m), float(peak), build))
     return out
 
 
@@ -234,7 +239,7 @@ def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, s
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
     slowest = max(sp.time_s for sp in stage_plans)
-    peak = max(stage_plans, key=lambda sp: sp.memory_bytes)
+    peak = max(stage_plans, key=lambda sp: sp.peak_memory_bytes)
     breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
                  **{k: v for k, v in peak.breakdown.items() if k.endswith("_bytes")}}
     summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"

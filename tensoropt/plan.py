@@ -58,7 +58,8 @@ class Plan:
 
     @property
     def peak_memory_bytes(self) -> float:
-        """``memory_bytes`` (resident state and saved activations, the frontier's axis) plus the
+        """The frontier's memory axis: ``memory_bytes`` (resident state and saved activations
+        when the forward pass ends) plus the
         backward pass's rise above it (``breakdown["transient_bytes"]``) and the step's input
         batch (``breakdown["input_bytes"]``: ``tensoropt.apply`` hands every rank the whole
         batch); for a pipeline the largest over its stages (each with one micro-batch's
@@ -95,7 +96,7 @@ class Plan:
     def __str__(self) -> str:
         label = f"{self.label}: " if self.label else ""
         return (f"{label}{self.summary} on {self.devices} (mesh {self.mesh}): "
-                f"{format_time(self.time_s)}/iteration, {format_bytes(self.memory_bytes)} per device")
+                f"{format_time(self.time_s)}/iteration, {format_bytes(self.peak_memory_bytes)} peak per device")
 
     def describe(self, max_rows: int | None = None) -> str:
         """A per-operator table: configuration, time, memory and communication."""

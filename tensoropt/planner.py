@@ -28,8 +28,8 @@ from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
 
-__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "replicate_held_bytes", "step_input_bytes",
-           "transient_bytes"]
+__all__ = ["MeshProblem", "build_problem", "owners", "peak_bytes", "recompute_units", "replicate_held_bytes",
+           "returned_ops", "step_input_bytes", "transient_bytes"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -101,6 +101,13 @@ def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
     return [(name, tuple(ops)) for name, ops in units.items()]
 
 
+def returned_ops(graph: OpGraph, accumulates: bool = False) -> frozenset[int]:
+    """Operators whose outputs the step holds to its end because the forward returns them
+    (``OpGraph.returned``), charged with the activations. A pipeline stage's schedule keeps
+    only the loss (``accumulates``: a stage's problem)."""
+    return frozenset() if accumulates else frozenset(graph.returned)
+
+
 def _signature(op: Operator, owns: bool) -> tuple:
     return (op.family, op.equation, op.operands, tuple(p is None for p in op.param_names), op.output,
             op.splittable, op.flops_fwd, op.flops_bwd, op.saved_operands, op.saved_extra_bytes,
@@ -142,11 +149,12 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     tied = _tied_parameter_times(graph, configs, mesh, cost_model)
     units = recompute_units(graph) if recompute else []
     in_unit = {i for _, ops in units for i in ops}
+    kept = returned_ops(graph, accumulates)
     nodes = []
     for i, (op, cs) in enumerate(zip(graph.operators, costs)):
         act = 0.0 if i in in_unit else activation_factor
-        table = np.array([[c.compute_s + comm_factor * c.comm_s, c.memory_bytes + (act - 1) * c.activation_bytes]
-                          for c in cs])
+        table = np.array([[c.compute_s + comm_factor * c.comm_s, c.memory_bytes + (act - 1) * c.activation_bytes
+                           + (c.output_bytes if i in kept else 0.0)] for c in cs])
         if i in tied:
             table[:, 0] += tied[i]
         nodes.append((op.name, table))
@@ -250,6 +258,27 @@ def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: n
             rise = again[np.ix_(rc, ops)] + out[np.ix_(rc, ops)] + ahead[np.ix_(rc, ops)] + live
             peak[rc] = np.maximum(peak[rc], base + rise.max(axis=1))
     return np.maximum(peak - f * total, 0.0)
+
+
+def peak_bytes(problem: MeshProblem, graph: OpGraph, assignments: np.ndarray, memory: np.ndarray,
+               microbatches: int = 1) -> np.ndarray:
+    """Per assignment (one per row, with its cost-graph memory ``memory``): the peak of the
+    step, as ``Plan.peak_memory_bytes`` states it -- the cost graph's memory, the backward
+    pass's rise (:func:`transient_bytes`, with what FSDP2 ``replicate`` holds where the plan
+    runs that way) and the step's input batch (:func:`step_input_bytes`)."""
+    a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+    if a.shape[1] == len(problem.configs):           # operators only: every unit keeps its activations
+        a = np.hstack([a, np.zeros((len(a), len(problem.units)), dtype=np.int64)])
+    rise = np.empty(len(a))
+    held = [replicate_held_bytes(problem, graph, row) for row in a]
+    plain = [i for i, h in enumerate(held) if h is None]
+    if plain:
+        rise[plain] = transient_bytes(problem, a[plain])
+    for i, h in enumerate(held):
+        if h is not None:
+            rise[i] = transient_bytes(problem, a[i], h)[0]
+    inputs = np.array([step_input_bytes(problem, graph, row, microbatches) for row in a])
+    return np.asarray(memory, dtype=float) + rise + inputs
 
 
 def replicate_held_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> np.ndarray | None:

@@ -4,7 +4,7 @@ Axes use milliseconds (or seconds, for iterations of a second or more) for time 
 (2**30 bytes) for memory. Every function draws on ``ax`` when given, else on a new
 figure sized for a laptop screen, and returns the Axes.
 
-* :func:`plot_frontier` — one frontier: memory per device against time per iteration,
+* :func:`plot_frontier` — one frontier: peak memory per device against time per iteration,
   reference plans, a memory budget and the plan it selects, and what memory buys in time.
 * :func:`plot_frontiers` — several frontiers (device counts, batch sizes, models) on one axes.
 * :func:`plot_strategy_map` — operators × frontier plans, each cell coloured by the
@@ -45,7 +45,8 @@ _LEGEND_NOTE = ("one letter per mesh axis: the dimension split over it\n"
 
 _MEMORY_PARTS = (("param_bytes", "parameters", "#4C78A8"), ("grad_bytes", "gradients", "#F58518"),
                  ("optimizer_bytes", "optimizer state", "#54A24B"),
-                 ("activation_bytes", "activations", "#E45756"))
+                 ("activation_bytes", "activations", "#E45756"),
+                 ("transient_bytes", "backward's rise (in flight)", "#B279A2"), ("input_bytes", "input batch", "#72B7B2"))
 _TIME_PARTS = (("compute_s", "compute", "#4C78A8"), ("recompute_s", "recompute", "#B279A2"),
                ("comm_s", "gradient/weight communication", "#F58518"),
                ("relayout_s", "re-layout (activations)", "#54A24B"))
@@ -161,8 +162,8 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
                   color=None, annotate: bool = True, title: str | None = None):
     """The trade-off curve of one frontier.
 
-    x: time per iteration (ms, or s); y: memory per device at the end of the forward pass
-    (``Plan.memory_bytes``; GiB, MiB for tiny models).
+    x: time per iteration (ms, or s); y: peak memory per device over the training step
+    (``Plan.peak_memory_bytes``; GiB, MiB for tiny models).
     The staircase runs through the Pareto-optimal plans (every plan left of and below the
     curve is impossible, every plan above and right of it is wasteful); reference plans
     (data parallel, Megatron) are marked; ``memory_budget`` ("40GB", bytes) draws the budget,
@@ -179,9 +180,9 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     refs = list(frontier.reference.items()) if references else []
     budget = _budget(memory_budget)
     times = np.array([p.time_s for p in plans])
-    mems = np.array([p.memory_bytes for p in plans])
+    mems = np.array([p.peak_memory_bytes for p in plans])
     scale, unit = _time_scale(list(times) + [p.time_s for _, p in refs])
-    ref_mems = [p.memory_bytes for _, p in refs]
+    ref_mems = [p.peak_memory_bytes for _, p in refs]
     mscale, munit = _mem_scale(list(mems) + ref_mems)
     name = label or f"{frontier.model} on {frontier.devices}"
 
@@ -212,7 +213,7 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     hi_m = mems.max() * mscale
     x_hi, y_hi = hi_t + 0.25 * span_t, hi_m * 1.3
     for _, p in refs:
-        t, m = p.time_s * scale, p.memory_bytes * mscale
+        t, m = p.time_s * scale, p.peak_memory_bytes * mscale
         if t <= hi_t + 1.5 * span_t:
             x_hi = max(x_hi, t + 0.25 * span_t)
         if m <= hi_m * 2.5:
@@ -229,7 +230,7 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     markers = ["X", "D", "^", "s", "v", "P", "*"]
     pinned = 0
     for i, (rname, p) in enumerate(refs):
-        t, m = p.time_s * scale, p.memory_bytes * mscale
+        t, m = p.time_s * scale, p.peak_memory_bytes * mscale
         mk = markers[i % len(markers)]
         txt = f"{rname}: {_fmt_time(p.time_s, scale, unit)}, {m:.3g} {munit}"
         if t <= x_hi and m <= y_hi:
@@ -269,10 +270,10 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
                         xycoords="axes fraction", xytext=(4, -12), textcoords="offset points",
                         fontsize=9, color="dimgray")
         if chosen is not None:
-            ax.scatter([chosen.time_s * scale], [chosen.memory_bytes * mscale], marker="*", s=260,
+            ax.scatter([chosen.time_s * scale], [chosen.peak_memory_bytes * mscale], marker="*", s=260,
                        color="gold", edgecolor="black", zorder=6,
                        label=f"fastest within budget: {_fmt_time(chosen.time_s, scale, unit)}, "
-                             f"{chosen.memory_bytes * mscale:.3g} {munit} ({chosen.summary})")
+                             f"{chosen.peak_memory_bytes * mscale:.3g} {munit} ({chosen.summary})")
         else:
             ax.annotate(f"no plan fits {_fmt_gib(budget)}: the minimum is {_fmt_gib(mems.min())}",
                         (0.5, 0.5), xycoords="axes fraction", ha="center", fontsize=11, color="firebrick",
@@ -280,14 +281,14 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
 
     if annotate:
         fast, lean = plans[0], plans[-1]
-        ax.annotate(f"fastest\n{_fmt_time(fast.time_s, scale, unit)}, {fast.memory_bytes * mscale:.3g} {munit}",
-                    (fast.time_s * scale, fast.memory_bytes * mscale), textcoords="offset points",
+        ax.annotate(f"fastest\n{_fmt_time(fast.time_s, scale, unit)}, {fast.peak_memory_bytes * mscale:.3g} {munit}",
+                    (fast.time_s * scale, fast.peak_memory_bytes * mscale), textcoords="offset points",
                     xytext=(8, 8), fontsize=9, color=colour,
                     arrowprops=dict(arrowstyle="-", color=colour, lw=0.8))
         if len(plans) > 1:
             ax.annotate(f"least memory\n{_fmt_time(lean.time_s, scale, unit)}, "
-                        f"{lean.memory_bytes * mscale:.3g} {munit}",
-                        (lean.time_s * scale, lean.memory_bytes * mscale), textcoords="offset points",
+                        f"{lean.peak_memory_bytes * mscale:.3g} {munit}",
+                        (lean.time_s * scale, lean.peak_memory_bytes * mscale), textcoords="offset points",
                         xytext=(6, 18), ha="left", fontsize=9, color=colour,
                         arrowprops=dict(arrowstyle="-", color=colour, lw=0.8))
             ax.text(0.015, 0.03, _tradeoff_text(plans, scale, unit), transform=ax.transAxes, ha="left",
@@ -301,7 +302,7 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
             sec.tick_params(labelsize=8)
 
     ax.set_xlabel(f"time per training iteration ({unit})")
-    ax.set_ylabel(f"memory per device ({munit})")
+    ax.set_ylabel(f"peak memory per device ({munit})")
     batch = _batch(plans[0])
     ax.set_title(title or f"{frontier.model} on {frontier.devices}"
                  f"{f', batch {batch}' if batch else ''}: time vs memory per device", fontsize=11)
@@ -312,11 +313,11 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
 
 def _tradeoff_text(plans, scale, unit) -> str:
     fast, lean = plans[0], plans[-1]
-    saved = (fast.memory_bytes - lean.memory_bytes) / _GIB
+    saved = (fast.peak_memory_bytes - lean.peak_memory_bytes) / _GIB
     extra = (lean.time_s - fast.time_s) * scale
     pct = (lean.time_s / fast.time_s - 1) * 100 if fast.time_s > 0 else float("nan")
     lines = [f"{len(plans)} Pareto-optimal plans",
-             f"fastest → least memory: −{_fmt_gib(fast.memory_bytes - lean.memory_bytes)} per device",
+             f"fastest → least memory: −{_fmt_gib(fast.peak_memory_bytes - lean.peak_memory_bytes)} per device",
              f"costs +{extra:.3g} {unit} per iteration (+{pct:.0f}%)"]
     if saved > 0:
         per = extra / saved
@@ -354,20 +355,20 @@ def plot_frontiers(frontiers, labels: Sequence[str] | None = None, ax=None, memo
 
     all_t = [p.time_s / div(f) for f in frontiers for p in f.plans]
     scale, unit = _time_scale(all_t)
-    mscale, munit = _mem_scale([p.memory_bytes for f in frontiers for p in f.plans])
+    mscale, munit = _mem_scale([p.peak_memory_bytes for f in frontiers for p in f.plans])
     chosen_any = False
     for f, lab in zip(frontiers, labels):
         if not f.plans:
             continue
         d = div(f)
         t = np.array([p.time_s for p in f.plans]) / d * scale
-        m = np.array([p.memory_bytes for p in f.plans]) * mscale
+        m = np.array([p.peak_memory_bytes for p in f.plans]) * mscale
         line, = ax.step(t, m, where="post", linewidth=1.8, marker="o", markersize=3 if len(t) > 50 else 4,
                         gid=f"frontier-{len(ax.lines)}",
                         label=f"{lab}: {_fmt_time(f.plans[0].time_s / d, scale, unit)} at "
-                              f"{f.plans[0].memory_bytes * mscale:.3g} {munit} … "
+                              f"{f.plans[0].peak_memory_bytes * mscale:.3g} {munit} … "
                               f"{_fmt_time(f.plans[-1].time_s / d, scale, unit)} at "
-                              f"{f.plans[-1].memory_bytes * mscale:.3g} {munit}")
+                              f"{f.plans[-1].peak_memory_bytes * mscale:.3g} {munit}")
         c = line.get_color()
         ax.annotate(lab, (t[0], m[0]), textcoords="offset points", xytext=(4, 6), fontsize=9, color=c,
                     fontweight="bold")
@@ -375,13 +376,13 @@ def plot_frontiers(frontiers, labels: Sequence[str] | None = None, ax=None, memo
             line.set_label(line.get_label() + " — none fits the budget")
         if references and "data parallel" in getattr(f, "reference", {}):
             p = f.reference["data parallel"]
-            ax.scatter([p.time_s / d * scale], [p.memory_bytes * mscale], marker="X", s=60, color=c,
+            ax.scatter([p.time_s / d * scale], [p.peak_memory_bytes * mscale], marker="X", s=60, color=c,
                        edgecolor="black", zorder=5)
         if budget is not None:
             ch = _fits(f.plans, budget)
             if ch is not None:
                 chosen_any = True
-                ax.scatter([ch.time_s / d * scale], [ch.memory_bytes * mscale], marker="*", s=220, color=c,
+                ax.scatter([ch.time_s / d * scale], [ch.peak_memory_bytes * mscale], marker="*", s=220, color=c,
                            edgecolor="black", zorder=6)
     if references:
         ax.scatter([], [], marker="X", s=60, color="white", edgecolor="black", label="data parallel (reference)")
@@ -400,7 +401,7 @@ def plot_frontiers(frontiers, labels: Sequence[str] | None = None, ax=None, memo
         ax.set_xscale("log")
     what = "time per training sample" if per_sample else "time per training iteration"
     ax.set_xlabel(f"{what} ({unit})")
-    ax.set_ylabel(f"memory per device ({munit})")
+    ax.set_ylabel(f"peak memory per device ({munit})")
     models = sorted({f.model for f in frontiers})
     ax.set_title(title or f"{', '.join(models)}: frontiers compared (down-left is better)", fontsize=11)
     ax.grid(True, alpha=0.3, which="both")
@@ -602,9 +603,9 @@ def plot_strategy_map(frontier, ax=None, max_plans: int = 24, blocks: str = "col
     ax.set_yticks(range(n_rows))
     ax.set_yticklabels(ylabels, fontsize=8 if n_rows <= 40 else 6)
     scale, unit = _time_scale([p.time_s for p in sel])
-    mscale, munit = _mem_scale([p.memory_bytes for p in sel])
+    mscale, munit = _mem_scale([p.peak_memory_bytes for p in sel])
     ax.set_xticks(range(n_cols))
-    ax.set_xticklabels([f"{p.time_s * scale:.3g} {unit}\n{p.memory_bytes * mscale:.3g} {munit}" for p in sel],
+    ax.set_xticklabels([f"{p.time_s * scale:.3g} {unit}\n{p.peak_memory_bytes * mscale:.3g} {munit}" for p in sel],
                        fontsize=7, rotation=90)
     ax.set_xlabel(f"frontier plans ({len(sel)} of {len(plans)}): fastest on the left → least memory on the right",
                   fontsize=9)
@@ -636,7 +637,7 @@ def sample_plans(frontier, n: int = 5, references: bool = True) -> dict[str, Any
     plans = list(frontier.plans)
     out: dict[str, Any] = {}
     if plans:
-        mems = np.array([p.memory_bytes for p in plans])
+        mems = np.array([p.peak_memory_bytes for p in plans])
         picks = []
         for target in np.linspace(mems[0], mems[-1], max(min(n, len(plans)), 1)):
             i = int(np.argmin(np.abs(mems - target)))
@@ -709,13 +710,13 @@ def plot_memory_breakdown(plans, labels: Sequence[str] | None = None, ax=None, m
     if not plans:
         raise ValueError("no plans to plot")
     ax = _new_axes(ax, (min(max(7.0, 1.3 * len(plans) + 2), 12.0), 5))
-    mscale, munit = _mem_scale([p.memory_bytes for p in plans])
+    mscale, munit = _mem_scale([p.peak_memory_bytes for p in plans])
     tscale, tunit = _time_scale([p.time_s for p in plans])
     top = _stacked(ax, plans, labels, _MEMORY_PARTS, lambda p, k: float(p.breakdown.get(k, 0.0)), mscale, munit,
-                   f"memory per device ({munit})",
+                   f"peak memory per device ({munit})",
                    title or f"{plans[0].model} on {plans[0].devices}: memory per device by kind",
-                   lambda p: p.memory_bytes,
-                   lambda p: f"{p.memory_bytes * mscale:.3g} {munit}\n{_fmt_time(p.time_s, tscale, tunit)}/iter")
+                   lambda p: p.peak_memory_bytes,
+                   lambda p: f"{p.peak_memory_bytes * mscale:.3g} {munit}\n{_fmt_time(p.time_s, tscale, tunit)}/iter")
     budget = _budget(memory_budget)
     if budget is not None:
         y = budget * mscale
@@ -740,6 +741,6 @@ def plot_time_breakdown(plans, labels: Sequence[str] | None = None, ax=None, n: 
              f"time per training iteration ({tunit})",
              title or f"{plans[0].model} on {plans[0].devices}: time per iteration by kind",
              lambda p: p.time_s,
-             lambda p: f"{_fmt_time(p.time_s, tscale, tunit)}\n{_fmt_gib(p.memory_bytes)}")
+             lambda p: f"{_fmt_time(p.time_s, tscale, tunit)}\n{_fmt_gib(p.peak_memory_bytes)}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
     return ax

@@ -56,13 +56,14 @@ class ScalingFrontier:
         cands = [p for f in frontiers.values() for p in f.plans]
         keep = []
         for p in cands:
-            dominated = any(q is not p and q.time_s <= p.time_s and q.memory_bytes <= p.memory_bytes
+            dominated = any(q is not p and q.time_s <= p.time_s and q.peak_memory_bytes <= p.peak_memory_bytes
                             and q.world_size <= p.world_size
-                            and (q.time_s, q.memory_bytes, q.world_size) != (p.time_s, p.memory_bytes, p.world_size)
+                            and (q.time_s, q.peak_memory_bytes, q.world_size)
+                            != (p.time_s, p.peak_memory_bytes, p.world_size)
                             for q in cands)
             if not dominated:
                 keep.append(p)
-        keep.sort(key=lambda p: (p.time_s, p.memory_bytes, p.world_size))
+        keep.sort(key=lambda p: (p.time_s, p.peak_memory_bytes, p.world_size))
         return ScalingFrontier(model, device, dict(frontiers), keep)
 
     def __len__(self) -> int:
@@ -76,9 +77,10 @@ class ScalingFrontier:
 
         rows = []
         for p in self.plans:
-            rows.append({"devices": p.world_size, "time_s": p.time_s, "memory_bytes": p.memory_bytes,
+            rows.append({"devices": p.world_size, "time_s": p.time_s, "memory_bytes": p.peak_memory_bytes,
                          "device_hours": device_hours(p), "time_ms": p.time_s * 1e3,
-                         "memory_gib": p.memory_bytes / 2**30, "mesh": p.mesh, "summary": p.summary})
+                         "memory_gib": p.peak_memory_bytes / 2**30, "forward_end_bytes": p.memory_bytes,
+                         "mesh": p.mesh, "summary": p.summary})
         return pd.DataFrame(rows)
 
     def best(self, memory_budget=None, max_devices: int | None = None, objective: str = "time") -> Plan:

@@ -21,7 +21,8 @@ from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh, parse_devices
 from .opgraph import OpGraph
 from .plan import OpChoice, Plan
-from .planner import MeshProblem, build_problem, replicate_held_bytes, step_input_bytes, transient_bytes
+from .planner import (MeshProblem, build_problem, peak_bytes, replicate_held_bytes, returned_ops, step_input_bytes,
+                      transient_bytes)
 from .space import SearchSpace, distinct_meshes
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .strategy import label_sizes, term_placements
@@ -59,7 +60,8 @@ class Frontier:
 
     @property
     def memories_bytes(self) -> np.ndarray:
-        return np.array([p.memory_bytes for p in self.plans])
+        """Each plan's peak memory per device (``Plan.peak_memory_bytes``), the frontier's axis."""
+        return np.array([p.peak_memory_bytes for p in self.plans])
 
     def min_time(self) -> Plan:
         return self.plans[0]
@@ -105,7 +107,8 @@ class Frontier:
     def __repr__(self) -> str:
         return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
                 f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
-                f"{format_bytes(self.plans[0].memory_bytes)}..{format_bytes(self.plans[-1].memory_bytes)})")
+                f"{format_bytes(self.plans[0].peak_memory_bytes)}..{format_bytes(self.plans[-1].peak_memory_bytes)} "
+                "peak per device)")
 
 
 def _budget_bytes(budget: int | float | str) -> float:
@@ -117,13 +120,16 @@ def _budget_bytes(budget: int | float | str) -> float:
 
 
 def _row(p: Plan, device_memory: float) -> dict:
+    """One table row: memory is the step's peak per device; ``forward_end_bytes`` is what the
+    device holds when the forward pass ends (state and saved activations, ``Plan.memory_bytes``)."""
     b = p.breakdown
     return {
         "time_s": p.time_s,
-        "memory_bytes": p.memory_bytes,
+        "memory_bytes": p.peak_memory_bytes,
         "time_ms": p.time_s * 1e3,
-        "memory_gib": p.memory_bytes / 2**30,
-        "peak_memory_gib": p.peak_memory_bytes / 2**30,
+        "memory_gib": p.peak_memory_bytes / 2**30,
+        "forward_end_bytes": p.memory_bytes,
+        "forward_end_gib": p.memory_bytes / 2**30,
         "mesh": p.mesh,
         "summary": p.summary,
         "fits_device": p.peak_memory_bytes <= device_memory,
@@ -177,11 +183,13 @@ def frontier(
     ``recompute``: activation recomputation per ``layers.<i>`` module as a searched choice.
     ``pipeline``: also search pipeline stages over the repeated blocks (1F1B; see ``pipeline``).
 
-    Memory is a sum over operators and edges: parameters, gradients, optimizer state and saved
-    activations. What is held only for a while — an operator's gradients during its backward,
-    ZeRO-3's gathered parameters, a recomputed unit's rematerialised activations — is a maximum,
-    not a sum; each plan reports it as ``breakdown["transient_bytes"]`` (``planner.transient_bytes``)
-    without adding it to ``memory_bytes``.
+    Memory is the step's peak per device (``Plan.peak_memory_bytes``): what a device holds when
+    the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum
+    over operators and edges (``Plan.memory_bytes``) -- plus how far backward rises above it
+    for a while (an operator's gradients during its backward, ZeRO-3's gathered parameters, a
+    recomputed unit's second forward: a maximum, not a sum; ``planner.transient_bytes``) and
+    the input batch. Each mesh's engine search is on the sum; the per-mesh, per-ZeRO-stage and
+    pipeline frontiers are merged on the peak, so no returned plan is dominated in (time, peak).
     """
     start = time.monotonic()
     scaling = parse_scaling(devices)
@@ -232,7 +240,7 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
     signature = _param_signature(module)
     plans: list[Plan] = []
     problems: list[MeshProblem] = []
-    points, owners_ = [], []
+    points, peaks, owners_ = [], [], []
     cases = [(mesh, z) for mesh in meshes for z in ((0, 2, 3) if zero and mesh.size > 1 else (0,))]
     if _show(progress):
         from tqdm.auto import tqdm
@@ -250,6 +258,8 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
             result = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=remaining, progress=progress,
                            block_groups=space.block_groups)
         problems.append(problem)
+        if len(result.points):
+            peaks.extend(peak_bytes(problem, graph, result.assignments, result.points[:, 1]))
         for pt, a in zip(result.points, result.assignments):
             points.append(pt)
             owners_.append((len(problems) - 1, a))
@@ -265,7 +275,8 @@ def _search(graph, module, recapture, devices, precision, optimizer, profile, ep
                     ready += pipeline_candidates(recapture(graph.batch_size // m), cluster, p, m, cost_for,
                                                  TrainingConfig(precision, optimizer), signature, label, epsilon,
                                                  space, recompute, remaining)
-    pts = np.array(points + [(c.time_s, c.memory_bytes) for c in ready])
+    # the frontier is over the step's peak: each candidate's, as its plan will state it
+    pts = np.array([(pt[0], pk) for pt, pk in zip(points, peaks)] + [(c.time_s, c.peak_bytes) for c in ready])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]
     ctx = _Context(graph, cluster, cost_for(meshes[0]), signature, epsilon, label)
@@ -444,6 +455,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
             recomputed.append(name)
             recomputed_ops.update(unit_ops)
             kept_inputs += problem.activation_factor * problem.unit_input_bytes[k][a[unit_ops[0]]]
+    kept = returned_ops(graph, problem.accumulates)
     ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
                            grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
     for i, op in enumerate(graph.operators):
@@ -453,6 +465,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         contracted = "".join(c for t in terms for c in t if c not in out)
         again = i in recomputed_ops
         act = 0.0 if again else problem.activation_factor * cost.activation_bytes
+        act += cost.output_bytes if i in kept else 0.0
         ops.append(OpChoice(op.name, op.module, op.family, str(cfg), ",".join(term_placements(cfg, out, contracted)),
                             cost.compute_s + (cost.forward_s if again else 0.0), cost.comm_s, float(relayout[i]),
                             cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, act))

@@ -34,6 +34,18 @@ def test_frontier_is_strictly_pareto(gpt_frontier):
     assert np.all(np.diff(m) < 0)
     df = gpt_frontier.to_pandas()
     assert list(df["time_s"]) == list(t) and {"mesh", "summary", "memory_bytes"} <= set(df.columns)
+    # the frontier's memory is each plan's peak; the end of the forward pass is a breakdown column
+    assert list(df["memory_bytes"]) == [p.peak_memory_bytes for p in gpt_frontier.plans] == list(m)
+    assert list(df["forward_end_bytes"]) == [p.memory_bytes for p in gpt_frontier.plans]
+
+
+def test_no_plan_is_dominated_in_time_and_peak_memory():
+    """Pipelines included: every plan returned is Pareto-optimal among them in (time, peak)."""
+    f = tensoropt.frontier("gpt-tiny", "8xA100-80GB", progress=False)
+    assert any(p.stages for p in f.plans) and any(p.recompute for p in f.plans)
+    pts = [(p.time_s, p.peak_memory_bytes) for p in f.plans]
+    for i, (t, m) in enumerate(pts):
+        assert not any(t2 <= t and m2 <= m and (t2, m2) != (t, m) for j, (t2, m2) in enumerate(pts) if j != i)
 
 
 def test_every_plan_costs_what_it_says(gpt_frontier):

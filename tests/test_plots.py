@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import tensoropt  # noqa: E402
@@ -61,7 +62,10 @@ def test_frontier_plot_has_every_plan_and_units(tiny, tmp_path):
     scale = 1e3 if max(p.time_s for p in tiny.plans) < 1 else 1.0
     assert xy[0, 0] == pytest.approx(tiny.plans[0].time_s * scale)
     assert "ms" in ax.get_xlabel() or "(s)" in ax.get_xlabel()
-    assert "iB" in ax.get_ylabel()
+    assert "iB" in ax.get_ylabel() and "peak memory per device" in ax.get_ylabel()
+    # the y axis is each plan's peak, in the axis' unit
+    peaks = np.array([p.peak_memory_bytes for p in tiny.plans])
+    assert xy[:, 1] / xy[0, 1] == pytest.approx(peaks / peaks[0], rel=1e-9)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any("fastest within budget" in t for t in labels)
     for name in tiny.reference:
@@ -69,15 +73,15 @@ def test_frontier_plot_has_every_plan_and_units(tiny, tmp_path):
 
 
 def test_frontier_method_uses_the_plot(tiny, tmp_path):
-    ax = tiny.plot(memory_budget=tiny.plans[len(tiny.plans) // 2].memory_bytes)
+    ax = tiny.plot(memory_budget=tiny.plans[len(tiny.plans) // 2].peak_memory_bytes)
     _png(ax, tmp_path)
-    chosen = tiny.best(memory_budget=tiny.plans[len(tiny.plans) // 2].memory_bytes)
+    chosen = tiny.best(memory_budget=tiny.plans[len(tiny.plans) // 2].peak_memory_bytes)
     labels = " ".join(t.get_text() for t in ax.get_legend().get_texts())
     assert chosen.summary in labels
 
 
 def test_frontier_plot_says_when_no_plan_fits(tiny, tmp_path):
-    budget = tiny.min_memory().memory_bytes / 2
+    budget = tiny.min_memory().peak_memory_bytes / 2
     ax = plots.plot_frontier(tiny, memory_budget=budget)
     _png(ax, tmp_path)
     assert any("no plan fits" in t.get_text() for t in ax.texts)
@@ -142,10 +146,11 @@ def test_memory_breakdown(tiny, tmp_path):
         x = round(patch.get_x() + patch.get_width() / 2)
         heights[x] = heights.get(x, 0) + patch.get_height()
     assert len(heights) == n_bars
-    scale = 2**20 if max(p.memory_bytes for p in sample.values()) < 0.1 * 2**30 else 2**30
+    scale = 2**20 if max(p.peak_memory_bytes for p in sample.values()) < 0.1 * 2**30 else 2**30
     for i, p in enumerate(sample.values()):
-        assert heights[i] == pytest.approx(p.memory_bytes / scale, rel=1e-6)
-    assert "per device" in ax.get_ylabel()
+        # the bars stack to the step's peak: state, activations, the backward's rise, the batch
+        assert heights[i] == pytest.approx(p.peak_memory_bytes / scale, rel=1e-6)
+    assert "peak memory per device" in ax.get_ylabel()
 
 
 def test_memory_breakdown_of_chosen_plans(tiny, tmp_path):

@@ -207,19 +207,19 @@ def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterabl
 def calibrated_frontier(plans: Sequence, calibration: StepCalibration, graph) -> list[tuple]:
     """Re-price plans with a whole-step calibration and keep the Pareto-optimal ones.
 
-    Returns ``[(plan, calibrated_time_s), ...]`` sorted by calibrated time, memory strictly
-    decreasing (plans' memory is unchanged). ``graph``: the model's captured OpGraph (for the
+    Returns ``[(plan, calibrated_time_s), ...]`` sorted by calibrated time, peak memory
+    strictly decreasing (plans' memory is unchanged). ``graph``: the model's captured OpGraph (for the
     collective counts). This is how a planner can use the fitted terms today, without a
     change to the cost model (the per-plan terms -- the fixed cost and the per-operator
     overhead of operator-level layouts -- are not per-operator quantities).
     """
     priced = sorted(((p, calibration.predict(step_features(p, graph))) for p in plans),
-                    key=lambda x: (x[1], x[0].memory_bytes))
+                    key=lambda x: (x[1], x[0].peak_memory_bytes))
     out, best_mem = [], float("inf")
     for p, t in priced:
-        if p.memory_bytes < best_mem:
+        if p.peak_memory_bytes < best_mem:
             out.append((p, t))
-            best_mem = p.memory_bytes
+            best_mem = p.peak_memory_bytes
     return out
 
 
