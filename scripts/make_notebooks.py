@@ -35,7 +35,7 @@ pd.set_option("display.width", 160)
 pd.set_option("display.max_columns", 20)
 %matplotlib inline"""
 
-COLUMNS = '["time_ms", "memory_gib", "peak_memory_gib", "mesh", "summary", "fits_device"]'
+COLUMNS = '["time_ms", "memory_gib", "forward_end_gib", "mesh", "summary", "fits_device"]'
 
 
 def md(text: str):
@@ -203,11 +203,11 @@ for name in MODELS:
 pd.DataFrame([{"model": name,
                "plans": len(f),
                "fastest (ms)": f.min_time().time_s * 1e3,
-               "its memory (GiB)": f.min_time().memory_bytes / 2**30,
-               "least memory (GiB)": f.min_memory().memory_bytes / 2**30,
+               "its memory (GiB)": f.min_time().peak_memory_bytes / 2**30,
+               "least memory (GiB)": f.min_memory().peak_memory_bytes / 2**30,
                "its time (ms)": f.min_memory().time_s * 1e3,
                "data parallel (ms)": f.reference["data parallel"].time_s * 1e3,
-               "data parallel (GiB)": f.reference["data parallel"].memory_bytes / 2**30}
+               "data parallel (GiB)": f.reference["data parallel"].peak_memory_bytes / 2**30}
               for name, f in frontiers.items()]).round(3)
 """),
     md("""
@@ -284,14 +284,14 @@ for name, f in frontiers.items():
     assert (times[1:] >= times[:-1]).all() and (mems[1:] < mems[:-1]).all(), name   # a Pareto staircase
     dp = f.reference["data parallel"]
     # data parallelism is in the search space: it cannot beat a frontier plan on both counts
-    assert not any(dp.time_s < p.time_s and dp.memory_bytes < p.memory_bytes for p in f.plans), name
-    assert f.min_memory().memory_bytes <= dp.memory_bytes, name
+    assert not any(dp.time_s < p.time_s and dp.peak_memory_bytes < p.peak_memory_bytes for p in f.plans), name
+    assert f.min_memory().peak_memory_bytes <= dp.peak_memory_bytes, name
 small, large = scaling[min(DEVICE_COUNTS)], scaling[max(DEVICE_COUNTS)]
 assert large.min_time().time_s < small.min_time().time_s
-assert large.min_memory().memory_bytes < small.min_memory().memory_bytes
+assert large.min_memory().peak_memory_bytes < small.min_memory().peak_memory_bytes
 chosen = {name: f.best(memory_budget=MEMORY_BUDGET) for name, f in frontiers.items()}
-assert all(p.memory_bytes <= budget for p in chosen.values())
-print("CHECK vision " + " ".join(f"{name}={p.memory_bytes!r}" for name, p in chosen.items())
+assert all(p.peak_memory_bytes <= budget for p in chosen.values())
+print("CHECK vision " + " ".join(f"{name}={p.peak_memory_bytes!r}" for name, p in chosen.items())
       + f" budget_bytes={budget}")
 """),
 ]
@@ -387,10 +387,10 @@ for label, f in [(f"{n} devices, batch 8", by_devices[n]) for n in DEVICE_COUNTS
                 [(f"{n_max} devices, batch {b}", by_batch[b]) for b in BATCH_SIZES if b != 8]:
     dp = f.reference["data parallel"]
     rows.append({"setting": label,
-                 "data parallel GiB": dp.memory_bytes / 2**30,
-                 "data parallel fits": dp.memory_bytes <= budget,
-                 "frontier least GiB": f.min_memory().memory_bytes / 2**30,
-                 "a plan fits": f.min_memory().memory_bytes <= budget})
+                 "data parallel GiB": dp.peak_memory_bytes / 2**30,
+                 "data parallel fits": dp.peak_memory_bytes <= budget,
+                 "frontier least GiB": f.min_memory().peak_memory_bytes / 2**30,
+                 "a plan fits": f.min_memory().peak_memory_bytes <= budget})
 pd.DataFrame(rows).round(3)
 """),
     md("""
@@ -492,10 +492,10 @@ else:
     print("skipped: set RUN_LARGE = True")
 """),
     code("""
-pd.DataFrame([{"model": name, "data parallel GiB": f.reference["data parallel"].memory_bytes / 2**30,
+pd.DataFrame([{"model": name, "data parallel GiB": f.reference["data parallel"].peak_memory_bytes / 2**30,
                "data parallel fits": f.reference["data parallel"].peak_memory_bytes <= f.device_memory_bytes,
-               "fastest plan": f.min_time().summary, "fastest GiB": f.min_time().memory_bytes / 2**30,
-               "least-memory plan": f.min_memory().summary, "least GiB": f.min_memory().memory_bytes / 2**30}
+               "fastest plan": f.min_time().summary, "fastest GiB": f.min_time().peak_memory_bytes / 2**30,
+               "least-memory plan": f.min_memory().summary, "least GiB": f.min_memory().peak_memory_bytes / 2**30}
               for name, f in large.items()]).round(2)
 """),
     md("""
@@ -556,24 +556,24 @@ gpt3.references_to_pandas()[["label", "time_ms", "memory_gib", "mesh", "summary"
     code("""
 lo, hi = min(DEVICE_COUNTS), max(DEVICE_COUNTS)
 assert by_devices[hi].min_time().time_s < by_devices[lo].min_time().time_s                 # faster
-assert by_devices[hi].min_memory().memory_bytes < by_devices[lo].min_memory().memory_bytes  # and leaner
-assert by_batch[max(BATCH_SIZES)].min_memory().memory_bytes > by_batch[min(BATCH_SIZES)].min_memory().memory_bytes
+assert by_devices[hi].min_memory().peak_memory_bytes < by_devices[lo].min_memory().peak_memory_bytes  # and leaner
+assert by_batch[max(BATCH_SIZES)].min_memory().peak_memory_bytes > by_batch[min(BATCH_SIZES)].min_memory().peak_memory_bytes
 dp = f8.reference["data parallel"]
 assert dp.peak_memory_bytes > budget >= plan.peak_memory_bytes   # data parallelism misses the budget, the plan fits
 print(f"CHECK language dp_bytes={dp.peak_memory_bytes!r} budget_bytes={budget} plan_bytes={plan.peak_memory_bytes!r}")
 if RUN_LARGE:
     llama, fast = large["llama3-8b"], gpt3.min_time()
-    assert llama.reference["data parallel"].memory_bytes > llama.device_memory_bytes   # DP does not fit
+    assert llama.reference["data parallel"].peak_memory_bytes > llama.device_memory_bytes   # DP does not fit
     assert llama.min_time().peak_memory_bytes <= llama.device_memory_bytes              # the fastest plan does
     assert gpt3.stats["search_space"]["coarse"]
-    assert gpt3.reference["data parallel"].memory_bytes > gpt3.device_memory_bytes
+    assert gpt3.reference["data parallel"].peak_memory_bytes > gpt3.device_memory_bytes
     assert all(p.peak_memory_bytes <= gpt3.device_memory_bytes for p in gpt3)            # every frontier plan fits
     assert fast.world_size == GPT3_NODES * GPT3_PER_NODE and fast.stages and fast.microbatches > 1
     assert fast.mesh_shape[-1] <= GPT3_PER_NODE                                           # tensor parallel in a node
     print(f"CHECK large device_bytes={gpt3.device_memory_bytes!r} "
-          f"llama_dp_bytes={llama.reference['data parallel'].memory_bytes!r} "
+          f"llama_dp_bytes={llama.reference['data parallel'].peak_memory_bytes!r} "
           f"llama_plan_bytes={llama.min_time().peak_memory_bytes!r} "
-          f"gpt3_dp_bytes={gpt3.reference['data parallel'].memory_bytes!r} "
+          f"gpt3_dp_bytes={gpt3.reference['data parallel'].peak_memory_bytes!r} "
           f"gpt3_plan_bytes={fast.peak_memory_bytes!r} gpt3_mesh={fast.mesh} "
           f"gpt3_pipeline={fast.mesh_shape[0] if fast.stages else 1} gpt3_microbatches={fast.microbatches} "
           f"gpt3_zero={fast.zero_stage} gpt3_coarse={gpt3.stats['search_space']['coarse']} "

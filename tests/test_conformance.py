@@ -35,13 +35,6 @@ NAMES = [n for n in os.environ.get("TENSOROPT_FAMILIES", ",".join(FAMILIES)).spl
 # ranks: TENSOROPT_CONFORMANCE=full, or scripts/run_families.py (data/families/suite.json).
 FOUR_RANKS = {"llama", "gpt2", "bert", "torchtitan-llama3"}
 FULL = os.environ.get("TENSOROPT_CONFORMANCE") == "full"
-# Measured deviations beyond MEMORY_TOL, by plan kind (see README "Supported models"): up to
-# KNOWN_TOL, they are expected failures that say so; beyond it, failures.
-KNOWN_TOL = 0.20
-KNOWN_MEMORY_DEVIATIONS = {
-    "zero with tensor parallelism and recomputation": lambda summary: (
-        "zero" in summary and "tp" in summary and "rc" in summary),
-}
 
 
 def _names(world: int) -> list[str]:
@@ -142,13 +135,7 @@ def test_peak_memory_within_ten_percent(results, name, world):
     off = {c: (r["plan"], r["peak_bytes"], round(r["peak_bytes"] / r["predicted_peak_bytes"] - 1, 3))
            for c, r in runs.items()}
     outside = {c: v for c, v in off.items() if abs(v[2]) >= MEMORY_TOL}
-    known = {c: (v, why) for c, v in outside.items()
-             for why, match in KNOWN_MEMORY_DEVIATIONS.items() if match(v[0])}
-    unknown = {c: v for c, v in outside.items() if c not in known}
-    assert not unknown, unknown
-    assert all(abs(v[2]) < KNOWN_TOL for v, _ in known.values()), known
-    if known:
-        pytest.xfail(f"known deviations beyond {MEMORY_TOL:.0%}: {known}")
+    assert not outside, outside
 
 
 def test_recomputed_batch_norm_blocks_match_single_process(results):

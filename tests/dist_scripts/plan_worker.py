@@ -94,15 +94,16 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
 _FRONTIERS: dict = {}
 
 
-def get_frontier(key: str, world: int, extras: bool = True):
-    """The frontier over cpu:world; ``extras=False``: without ZeRO and recomputation."""
-    if (key, world, extras) not in _FRONTIERS:
+def get_frontier(key: str, world: int, extras: bool = True, pipeline: bool = True):
+    """The frontier over cpu:world; ``extras=False``: without ZeRO and recomputation;
+    ``pipeline=False``: without pipeline stages."""
+    if (key, world, extras, pipeline) not in _FRONTIERS:
         meta = make_model(key, "meta")
         graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
         f = tensoropt.frontier(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), progress=False,
-                               zero=extras, recompute=extras)
-        _FRONTIERS[(key, world, extras)] = (f, graph)
-    return _FRONTIERS[(key, world, extras)]
+                               zero=extras, recompute=extras, pipeline=pipeline)
+        _FRONTIERS[(key, world, extras, pipeline)] = (f, graph)
+    return _FRONTIERS[(key, world, extras, pipeline)]
 
 
 def pick_plan(f, which: str, world: int):
