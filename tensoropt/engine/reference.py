@@ -24,7 +24,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from .costgraph import CostGraph
 
-__all__ = ["pareto_points", "brute_force_frontier", "ilp_min_time", "ilp_min_memory"]
+__all__ = ["pareto_points", "brute_force_frontier", "brute_force_peak_frontier", "ilp_min_time", "ilp_min_memory"]
 
 _CHUNK = 1 << 17  # assignments evaluated per numpy batch in brute_force_frontier
 
@@ -109,6 +109,38 @@ def brute_force_frontier(graph: CostGraph, max_assignments: int = 2_000_000) -> 
         # Merge with the running frontier; the tie key is the assignment's rank.
         t = np.concatenate([best_t, cost[:, 0]])
         m = np.concatenate([best_m, cost[:, 1]])
+        rank = np.concatenate([best_idx, idx])
+        keep = _pareto_order(t, m, rank)
+        best_t, best_m, best_idx = t[keep], m[keep], rank[keep]
+    points = np.stack([best_t, best_m], axis=1)
+    assignments = (best_idx[:, None] // strides[None, :]) % ks[None, :]
+    return points, assignments.astype(np.int64)
+
+
+def brute_force_peak_frontier(graph, max_assignments: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """The exact Pareto frontier of (time, peak) of a
+    :class:`~tensoropt.engine.peakgraph.PeakGraph` over every assignment it does not exclude,
+    each assignment priced by :meth:`PeakGraph.evaluate`. Returns ``(points, assignments)``
+    as :func:`brute_force_frontier` does (lexicographically smallest assignment per point)."""
+    total = graph.n_assignments
+    if total > max_assignments:
+        raise ValueError(
+            f"brute force would enumerate {total:,} assignments, more than max_assignments={max_assignments:,}"
+        )
+    ks = np.array(graph.n_configs, dtype=np.int64)
+    n = graph.n_nodes
+    strides = np.ones(n, dtype=np.int64)
+    for v in range(n - 2, -1, -1):
+        strides[v] = strides[v + 1] * ks[v + 1]
+    best_t, best_m, best_idx = np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    for start in range(0, total, _CHUNK):
+        idx = np.arange(start, min(start + _CHUNK, total), dtype=np.int64)
+        a = (idx[:, None] // strides[None, :]) % ks[None, :]
+        ok = ~graph.excluded(a)
+        idx, a = idx[ok], a[ok]
+        cost = graph.evaluate(a)
+        t = np.concatenate([best_t, cost[:, 0]])
+        m = np.concatenate([best_m, cost[:, 2]])
         rank = np.concatenate([best_idx, idx])
         keep = _pareto_order(t, m, rank)
         best_t, best_m, best_idx = t[keep], m[keep], rank[keep]

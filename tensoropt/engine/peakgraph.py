@@ -1,0 +1,191 @@
+"""The cost graph of a training step whose memory objective is the step's peak.
+
+Node ``v`` picks one of ``K_v`` configurations. Costs are *terms*: tables over a small
+scope of nodes. For an assignment ``x`` (one configuration per node):
+
+* time ``T(x)`` and end-of-forward memory ``M(x)`` are sums of the *additive* terms
+  (a table ``(..., 2)`` of (seconds, bytes) per joint configuration of its scope);
+* the peak is ``P(x) = M(x) + max(0, D(x))``, where ``D`` is how far the backward pass
+  rises above ``M``. Nodes are grouped into *regions*, consecutive runs of operators in
+  execution order; backward visits them in reverse. Over the regions in forward order,
+
+      D_0 = -inf,   D_{g+1} = max(D_g - H_g(x), Y_g(x)),   Y_g = X_g + max(L_g, B_g + C_g)
+
+  with, per region ``g``, sums ``H_g`` (the activations it holds for backward, as the
+  regions after it see them: one micro-batch's), ``X_g`` (what its own backward holds
+  beyond ``H_g``, e.g. rematerialised activations), ``B_g``, and maxima ``L_g`` and
+  ``C_g`` over its *positions* (moments of its backward: a term's value is how far
+  memory rises there above the region's held activations). ``D - H`` is the rise of an
+  earlier moment seen from later: the activations freed in between no longer count.
+
+This is the recurrence the engine solves exactly; :meth:`PeakGraph.evaluate` computes it
+for one assignment and is the reference the solver's results are checked against.
+A region may have a *mode* node (recompute or keep): the engine treats each of its
+configurations as a variant of the region. ``exclude`` names one combination of
+configurations (one set per node) that the frontier leaves out: the assignments whose
+every node takes a marked configuration (plans the caller prices another way).
+No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Term", "Region", "PeakGraph", "REGION_KINDS"]
+
+# The per-region term lists and how each combines over its terms.
+REGION_KINDS = ("held", "view", "local", "base", "rise")
+_SUMS = ("held", "view", "base")
+
+
+@dataclass(frozen=True)
+class Term:
+    scope: tuple[int, ...]
+    table: np.ndarray          # shape (K_scope[0], ..., K_scope[-1]) or (..., 2) for additive terms
+
+    def at(self, assignment: np.ndarray) -> np.ndarray:
+        """The term's value for each assignment (rows of ``assignment``)."""
+        return self.table[tuple(assignment[:, v] for v in self.scope)]
+
+
+@dataclass(frozen=True)
+class Region:
+    nodes: tuple[int, ...]                  # its nodes (the mode node among them, if any)
+    mode: int | None = None
+    held: tuple[Term, ...] = ()
+    view: tuple[Term, ...] = ()
+    local: tuple[Term, ...] = ()
+    base: tuple[Term, ...] = ()
+    rise: tuple[Term, ...] = ()
+    name: str = ""
+
+    def terms(self, kind: str) -> tuple[Term, ...]:
+        return getattr(self, kind)
+
+
+@dataclass(frozen=True)
+class PeakGraph:
+    names: tuple[str, ...]
+    n_configs: tuple[int, ...]
+    additive: tuple[Term, ...]
+    regions: tuple[Region, ...]
+    # Consecutive regions declared identical (a chain of repeated blocks), by region index.
+    chain: tuple[int, ...] = ()
+    # Per node, a boolean mask of configurations; None when nothing is excluded.
+    exclude: tuple[np.ndarray, ...] | None = None
+    region_of: tuple[int, ...] = field(default=(), compare=False)
+
+    @staticmethod
+    def build(names: Sequence[str], n_configs: Sequence[int], additive: Sequence[Term],
+              regions: Sequence[Region], chain: Sequence[int] = (),
+              exclude: Sequence[np.ndarray] | None = None) -> "PeakGraph":
+        """Check and freeze a graph (tables are copied and made read-only)."""
+        names = tuple(names)
+        ks = tuple(int(k) for k in n_configs)
+        n = len(ks)
+        if len(names) != n or len(set(names)) != n:
+            raise ValueError("node names must be unique, one per node")
+        if any(k < 1 for k in ks):
+            raise ValueError("every node needs at least one configuration")
+        region_of = [-1] * n
+        for g, reg in enumerate(regions):
+            for v in reg.nodes:
+                if not 0 <= v < n:
+                    raise ValueError(f"region {g}: node {v} out of range")
+                if region_of[v] != -1:
+                    raise ValueError(f"node {names[v]!r} is in two regions")
+                region_of[v] = g
+            if reg.mode is not None and reg.mode not in reg.nodes:
+                raise ValueError(f"region {g}: its mode node is not one of its nodes")
+        if -1 in region_of:
+            raise ValueError(f"node {names[region_of.index(-1)]!r} belongs to no region")
+        adds = tuple(_frozen(t, ks, names, additive=True) for t in additive)
+        regs = []
+        for g, reg in enumerate(regions):
+            lists = {}
+            for kind in REGION_KINDS:
+                terms = tuple(_frozen(t, ks, names) for t in reg.terms(kind))
+                for t in terms:
+                    late = max(region_of[v] for v in t.scope) if t.scope else g
+                    if late > g:
+                        raise ValueError(f"region {g} ({reg.name}): a {kind} term reads node "
+                                         f"{names[max(t.scope, key=lambda v: region_of[v])]!r} of a later region")
+                    if kind == "local" or kind == "rise":
+                        if np.isnan(t.table).any() or np.isposinf(t.table).any():
+                            raise ValueError(f"region {g}: {kind} term with NaN or +inf")
+                    elif not np.isfinite(t.table).all():
+                        raise ValueError(f"region {g}: {kind} term with a non-finite value")
+                lists[kind] = terms
+            regs.append(Region(tuple(reg.nodes), reg.mode, name=reg.name, **lists))
+        if exclude is not None:
+            exclude = tuple(np.array(e, dtype=bool) for e in exclude)
+            if len(exclude) != n or any(e.shape != (k,) for e, k in zip(exclude, ks)):
+                raise ValueError("exclude needs one boolean mask per node, one entry per configuration")
+            for e in exclude:
+                e.setflags(write=False)
+        chain = tuple(int(g) for g in chain)
+        if chain and (any(b != a + 1 for a, b in zip(chain, chain[1:])) or len(chain) < 2):
+            raise ValueError("a chain is at least two consecutive regions")
+        return PeakGraph(names, ks, adds, tuple(regs), chain, exclude, tuple(region_of))
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.n_configs)
+
+    @property
+    def n_assignments(self) -> int:
+        n = 1
+        for k in self.n_configs:
+            n *= k
+        return n
+
+    def evaluate(self, assignments: np.ndarray) -> np.ndarray:
+        """(time, end-of-forward memory, peak) of each assignment (one per row): the
+        recurrence of the module docstring, term by term."""
+        a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        if a.shape[1] != self.n_nodes:
+            raise ValueError(f"assignments need {self.n_nodes} columns, got {a.shape[1]}")
+        if (a < 0).any() or (a >= np.array(self.n_configs)).any():
+            raise ValueError("configuration index out of range")
+        tm = np.zeros((len(a), 2))
+        for term in self.additive:
+            tm += term.at(a)
+        d = np.full(len(a), -np.inf)
+        for reg in self.regions:
+            h, x, b = (sum((t.at(a) for t in reg.terms(k)), np.zeros(len(a))) for k in _SUMS)
+            low = np.full(len(a), -np.inf)
+            lo = np.max([t.at(a) for t in reg.local], axis=0) if reg.local else low
+            c = np.max([t.at(a) for t in reg.rise], axis=0) if reg.rise else low
+            y = x + np.maximum(lo, b + c)
+            d = np.maximum(d - h, y)
+        peak = tm[:, 1] + np.maximum(d, 0.0)
+        return np.column_stack([tm, peak])
+
+    def excluded(self, assignments: np.ndarray) -> np.ndarray:
+        """Whether each assignment is the excluded combination."""
+        a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        if self.exclude is None:
+            return np.zeros(len(a), dtype=bool)
+        return np.logical_and.reduce([e[a[:, v]] for v, e in enumerate(self.exclude)])
+
+
+def _frozen(term: Term, ks: tuple[int, ...], names, additive: bool = False) -> Term:
+    scope = tuple(int(v) for v in term.scope)
+    if len(set(scope)) != len(scope):
+        raise ValueError(f"a term's scope repeats a node: {scope}")
+    for v in scope:
+        if not 0 <= v < len(ks):
+            raise ValueError(f"a term reads node {v}, out of range")
+    table = np.array(term.table, dtype=np.float64)
+    want = tuple(ks[v] for v in scope) + ((2,) if additive else ())
+    if table.shape != want:
+        label = ", ".join(names[v] for v in scope)
+        raise ValueError(f"term over ({label}): table shape {table.shape}, expected {want}")
+    if additive:
+        if not np.isfinite(table).all() or (table < 0).any():
+            raise ValueError(f"additive term over {scope}: costs must be finite and >= 0")
+    table.setflags(write=False)
+    return Term(scope, table)
