@@ -81,59 +81,353 @@ static void stair_insert(stair *s, double u, double w) {
     s->w[lo] = w;
 }
 
-/* Returns 0, or -1 when memory ran out. */
-int kd_prune(int64_t rows, int64_t n, int k, const double *vals, int group, int64_t *out)
-{
-    int64_t *idx = malloc((n > 0 ? n : 1) * sizeof(int64_t));
-    int64_t *kept = malloc((n > 0 ? n : 1) * sizeof(int64_t));
-    double *su = malloc((n > 0 ? n : 1) * sizeof(double));
-    double *sw = malloc((n > 0 ? n : 1) * sizeof(double));
-    if (!idx || !kept || !su || !sw) { free(idx); free(kept); free(su); free(sw); return -1; }
-    int dims = k - (group >= 0 ? 1 : 0);          /* coordinates that order points */
-    int c1 = -1, c2 = -1;                          /* the two besides time, when dims == 3 */
+typedef struct {
+    int64_t *idx, *kept;
+    double *su, *sw;
+    int64_t cap;
+} workspace;
+
+static int ws_reserve(workspace *w, int64_t n) {
+    if (n <= w->cap) return 0;
+    int64_t cap = n > 2 * w->cap ? n : 2 * w->cap;
+    int64_t *idx = realloc(w->idx, cap * sizeof(int64_t));
+    if (idx) w->idx = idx;
+    int64_t *kept = realloc(w->kept, cap * sizeof(int64_t));
+    if (kept) w->kept = kept;
+    double *su = realloc(w->su, cap * sizeof(double));
+    if (su) w->su = su;
+    double *sw = realloc(w->sw, cap * sizeof(double));
+    if (sw) w->sw = sw;
+    if (!idx || !kept || !su || !sw) return -1;
+    w->cap = cap;
+    return 0;
+}
+
+static void ws_free(workspace *w) { free(w->idx); free(w->kept); free(w->su); free(w->sw); }
+
+/* Keep the non-dominated points of v (n x k); their indices, in sorted order, go to
+ * out[0..count). Returns count. The workspace holds at least n entries. */
+static int64_t prune_row(const double *v, int64_t n, int k, int group, workspace *w, int64_t *out) {
+    int dims = k - (group >= 0 ? 1 : 0);
+    int c1 = -1, c2 = -1;
     for (int d = 1; d < k; d++) {
         if (d == group) continue;
         if (c1 < 0) c1 = d; else if (c2 < 0) c2 = d;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        const double *v = vals + r * n * k;
-        int64_t *o = out + r * n;
-        int64_t m = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (isfinite(v[i * k])) idx[m++] = i;
-        sort_ctx ctx = {v, k, group};
-        sort_indices(idx, kept, m, &ctx);
-        int64_t nk = 0, group_start = 0;
-        double best = INFINITY;                    /* dims == 2: least second coordinate so far */
-        stair s = {su, sw, 0};
-        for (int64_t a = 0; a < m; a++) {
-            const double *p = v + idx[a] * k;
-            if (group >= 0 && a > 0 && p[group] != v[idx[a - 1] * k + group]) {
-                group_start = nk; best = INFINITY; s.n = 0;
+    int64_t *idx = w->idx, *kept = w->kept;
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(v[i * k])) idx[m++] = i;
+    sort_ctx ctx = {v, k, group};
+    sort_indices(idx, kept, m, &ctx);
+    int64_t nk = 0, group_start = 0;
+    double best = INFINITY;
+    stair s = {w->su, w->sw, 0};
+    for (int64_t a = 0; a < m; a++) {
+        const double *p = v + idx[a] * k;
+        if (group >= 0 && a > 0 && p[group] != v[idx[a - 1] * k + group]) {
+            group_start = nk; best = INFINITY; s.n = 0;
+        }
+        int dominated = 0;
+        if (dims <= 1) {
+            dominated = nk > group_start;
+        } else if (dims == 2) {
+            dominated = best <= p[c1];
+            if (!dominated) best = p[c1];
+        } else if (dims == 3) {
+            dominated = stair_covers(&s, p[c1], p[c2]);
+            if (!dominated) stair_insert(&s, p[c1], p[c2]);
+        } else {
+            for (int64_t b = nk - 1; b >= group_start && !dominated; b--) {
+                const double *q = v + kept[b] * k;
+                int le = 1;
+                for (int d = 1; d < k && le; d++)
+                    if (d != group && q[d] > p[d]) le = 0;
+                dominated = le;
             }
-            int dominated = 0;
-            if (dims <= 1) {
-                dominated = nk > group_start;
-            } else if (dims == 2) {
-                dominated = best <= p[c1];
-                if (!dominated) best = p[c1];
-            } else if (dims == 3) {
-                dominated = stair_covers(&s, p[c1], p[c2]);
-                if (!dominated) stair_insert(&s, p[c1], p[c2]);
-            } else {
-                for (int64_t b = nk - 1; b >= group_start && !dominated; b--) {
-                    const double *q = v + kept[b] * k;
-                    int le = 1;
-                    for (int d = 1; d < k && le; d++)
-                        if (d != group && q[d] > p[d]) le = 0;
-                    dominated = le;
+        }
+        if (!dominated) kept[nk++] = idx[a];
+    }
+    for (int64_t i = 0; i < nk; i++) out[i] = kept[i];
+    return nk;
+}
+
+/* Returns 0, or -1 when memory ran out. */
+int kd_prune(int64_t rows, int64_t n, int k, const double *vals, int group, int64_t *out)
+{
+    workspace w = {0};
+    if (ws_reserve(&w, n > 0 ? n : 1)) { ws_free(&w); return -1; }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t nk = prune_row(vals + r * n * k, n, k, group, &w, out + r * n);
+        for (int64_t i = nk; i < n; i++) out[r * n + i] = -1;
+    }
+    ws_free(&w);
+    return 0;
+}
+
+enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
+enum { RULE_COORDS = 0, RULE_FOLD = 1 };
+
+/* Row r of the result: the kept merges of f[r, e, i] with g[r, e, j] over every (e, i, j),
+ * f[r, e] starting at f + f_row[r] + f_e[e] (offsets in doubles, so that broadcasting costs
+ * nothing), likewise g. Rule RULE_COORDS merges coordinate
+ * d by ops[d] (f, g and the result all have k coordinates); RULE_FOLD merges a state
+ * (t, R, A[, group]) with a piece (t, M, P1, P2[, group]) into
+ * (t + t', R + M, max(A + P1, R + P2)[, min]) and raises A to R + floor.
+ * out_vals (rows x cap x k) and out_src (rows x cap) get the kept points, their back-pointer
+ * (e * wf + i) * wg + j, and out_count the number per row; cap >= ne * wf * wg.
+ * Returns 0, or -1 when memory ran out. */
+int kd_combine(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
+               const double *f, const int64_t *f_row, const int64_t *f_e, int kf,
+               const double *g, const int64_t *g_row, const int64_t *g_e, int kg,
+               int k, int rule, const int *ops, int group, double floor,
+               int64_t cap, double *out_vals, int64_t *out_src, int64_t *out_count)
+{
+    int64_t n = ne * wf * wg;
+    double *cand = malloc((n > 0 ? n : 1) * k * sizeof(double));
+    int64_t *keep = malloc((n > 0 ? n : 1) * sizeof(int64_t));
+    workspace w = {0};
+    if (!cand || !keep || ws_reserve(&w, n > 0 ? n : 1)) { free(cand); free(keep); ws_free(&w); return -1; }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t c = 0;
+        for (int64_t e = 0; e < ne; e++) {
+            const double *fr = f + f_row[r] + f_e[e];
+            const double *gr = g + g_row[r] + g_e[e];
+            for (int64_t i = 0; i < wf; i++) {
+                const double *a = fr + i * kf;
+                for (int64_t j = 0; j < wg; j++, c++) {
+                    const double *b = gr + j * kg;
+                    double *o = cand + c * k;
+                    if (rule == RULE_FOLD) {
+                        o[0] = a[0] + b[0];
+                        o[1] = a[1] + b[1];
+                        double x = a[2] + b[2], y = a[1] + b[3];
+                        double av = x > y ? x : y, lo = o[1] + floor;
+                        o[2] = av > lo ? av : lo;
+                        if (k > 3) o[3] = a[3] < b[4] ? a[3] : b[4];
+                    } else {
+                        for (int d = 0; d < k; d++) {
+                            double x = a[d], y = b[d];
+                            o[d] = ops[d] == OP_SUM ? x + y : ops[d] == OP_MAX ? (x > y ? x : y) : (x < y ? x : y);
+                        }
+                    }
                 }
             }
-            if (!dominated) kept[nk++] = idx[a];
         }
-        for (int64_t i = 0; i < nk; i++) o[i] = kept[i];
-        for (int64_t i = nk; i < n; i++) o[i] = -1;
+        int64_t nk = prune_row(cand, n, k, group, &w, keep);
+        double *ov = out_vals + r * cap * k;
+        int64_t *os = out_src + r * cap;
+        for (int64_t q = 0; q < nk; q++) {
+            memcpy(ov + q * k, cand + keep[q] * k, k * sizeof(double));
+            os[q] = keep[q];
+        }
+        out_count[r] = nk;
     }
-    free(idx); free(kept); free(su); free(sw);
+    free(cand); free(keep); ws_free(&w);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* The fold of peaksolve (RULE_FOLD) with most candidates never built. Per output row:
+ *  1. a sample of candidates (every SAMPLE-th state point with every piece point) is pruned
+ *     into real points S;
+ *  2. S is put on a grid over (time, R) buckets: best[bt][br] is the least A of the points
+ *     at least one whole bucket below in both (so they are strictly smaller there, whatever
+ *     the rounding);
+ *  3. for every run of SEG consecutive state points and every piece point, the run's ideal
+ *     (each coordinate's least over the run) is tested against the grid and skipped when a
+ *     point of S beats it; the others' candidates are tested one by one and kept;
+ *  4. the kept ones and S are pruned exactly.
+ * A candidate that some point of S beats is never on the frontier, so this is exact. */
+
+#define SEG 4
+#define SAMPLE 8
+#define GRID 512
+
+typedef struct {
+    double t_lo, t_scale, r_lo, r_scale;
+    double best[2][GRID + 1][GRID + 1];   /* per group (0/1) */
+    int empty;
+} grid;
+
+static int bucket_of(double x, double lo, double scale) {
+    double b = floor((x - lo) * scale);
+    if (!(b >= 0)) return -1;
+    if (b >= GRID) return GRID - 1;
+    return (int)b;
+}
+
+static void grid_build(grid *gr, const double *pts, int64_t n, int k, int group) {
+    double tl = INFINITY, th = -INFINITY, rl = INFINITY, rh = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        const double *p = pts + i * k;
+        if (p[0] < tl) tl = p[0];
+        if (p[0] > th) th = p[0];
+        if (p[1] < rl) rl = p[1];
+        if (p[1] > rh) rh = p[1];
+    }
+    gr->empty = n == 0;
+    gr->t_lo = tl; gr->r_lo = rl;
+    gr->t_scale = th > tl ? (GRID - 2) / (th - tl) : 1.0;
+    gr->r_scale = rh > rl ? (GRID - 2) / (rh - rl) : 1.0;
+    for (int g = 0; g < 2; g++)
+        for (int a = 0; a <= GRID; a++)
+            for (int b = 0; b <= GRID; b++) gr->best[g][a][b] = INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        const double *p = pts + i * k;
+        int g = group >= 0 ? (p[group] != 0.0) : 0;
+        double ft = ceil((p[0] - tl) * gr->t_scale) + 1, fr = ceil((p[1] - rl) * gr->r_scale) + 1;
+        int bt = ft > GRID ? GRID : (int)ft, br = fr > GRID ? GRID : (int)fr;
+        if (p[2] < gr->best[g][bt][br]) gr->best[g][bt][br] = p[2];
+    }
+    for (int g = 0; g < 2; g++)
+        for (int a = 0; a <= GRID; a++)
+            for (int b = 0; b <= GRID; b++) {
+                double v = gr->best[g][a][b];
+                if (a > 0 && gr->best[g][a - 1][b] < v) v = gr->best[g][a - 1][b];
+                if (b > 0 && gr->best[g][a][b - 1] < v) v = gr->best[g][a][b - 1];
+                gr->best[g][a][b] = v;
+            }
+    for (int g = 0; g < 2; g++)
+        for (int a = 0; a <= GRID; a++) gr->best[g][a][GRID] = INFINITY;  /* beyond the range: never */
+}
+
+/* whether some point of the grid's set, of group g, beats (t, r, a) */
+static int grid_beats(const grid *gr, int g, double t, double r, double a) {
+    if (gr->empty) return 0;
+    int bt = bucket_of(t, gr->t_lo, gr->t_scale), br = bucket_of(r, gr->r_lo, gr->r_scale);
+    if (bt < 0 || br < 0) return 0;
+    return gr->best[g][bt][br] <= a;
+}
+
+typedef struct { double *v; int64_t *src; int64_t n, cap; int k; } buffer;
+
+int64_t kd_fold_stats[6];   /* sampled, kept of them, runs tested, runs skipped, candidates kept, final */
+
+static int buf_push(buffer *b, const double *p, int64_t src) {
+    if (b->n == b->cap) {
+        int64_t cap = b->cap ? 2 * b->cap : 1024;
+        double *v = realloc(b->v, cap * b->k * sizeof(double));
+        if (!v) return -1;
+        b->v = v;
+        int64_t *s = realloc(b->src, cap * sizeof(int64_t));
+        if (!s) return -1;
+        b->src = s;
+        b->cap = cap;
+    }
+    memcpy(b->v + b->n * b->k, p, b->k * sizeof(double));
+    b->src[b->n++] = src;
+    return 0;
+}
+
+static inline void fold_point(const double *a, const double *b, int k, double floor, double *o) {
+    o[0] = a[0] + b[0];
+    o[1] = a[1] + b[1];
+    double x = a[2] + b[2], y = a[1] + b[3];
+    double av = x > y ? x : y, lo = o[1] + floor;
+    o[2] = av > lo ? av : lo;
+    if (k > 3) o[3] = a[3] < b[4] ? a[3] : b[4];
+}
+
+/* Same arguments and results as kd_combine with RULE_FOLD (k is 3, or 4 with a group at 3). */
+int kd_fold(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
+            const double *f, const int64_t *f_row, const int64_t *f_e,
+            const double *g, const int64_t *g_row, const int64_t *g_e,
+            int k, int group, double floor,
+            int64_t cap, double *out_vals, int64_t *out_src, int64_t *out_count)
+{
+    const int kf = k, kg = k + 1;
+    buffer sample = {0}, kept = {0};
+    sample.k = kept.k = k;
+    workspace w = {0};
+    int64_t *keep = NULL;
+    grid *gr = malloc(sizeof(grid));
+    int status = gr ? 0 : -1;
+    double o[4];
+    for (int64_t r = 0; r < rows && status == 0; r++) {
+        sample.n = kept.n = 0;
+        /* 1. sampled candidates, pruned */
+        for (int64_t e = 0; e < ne && status == 0; e++) {
+            const double *fr = f + f_row[r] + f_e[e], *gg = g + g_row[r] + g_e[e];
+            for (int64_t i = 0; i < wf && status == 0; i += SAMPLE) {
+                if (!isfinite(fr[i * kf])) break;
+                for (int64_t j = 0; j < wg && status == 0; j++) {
+                    if (!isfinite(gg[j * kg])) break;
+                    fold_point(fr + i * kf, gg + j * kg, k, floor, o);
+                    status = buf_push(&sample, o, (e * wf + i) * wg + j);
+                }
+            }
+        }
+        if (status) break;
+        if (ws_reserve(&w, sample.n + 1)) { status = -1; break; }
+        int64_t *tmp = realloc(keep, (sample.n + 1) * sizeof(int64_t));
+        if (!tmp) { status = -1; break; }
+        keep = tmp;
+        int64_t ns = prune_row(sample.v, sample.n, k, group, &w, keep);
+        kd_fold_stats[0] += sample.n; kd_fold_stats[1] += ns;
+        for (int64_t q = 0; q < ns && status == 0; q++)
+            status = buf_push(&kept, sample.v + keep[q] * k, sample.src[keep[q]]);
+        if (status) break;
+        grid_build(gr, kept.v, kept.n, k, group);
+        int64_t n_sampled = kept.n;
+        /* 3. runs of state points against every piece point */
+        for (int64_t e = 0; e < ne && status == 0; e++) {
+            const double *fr = f + f_row[r] + f_e[e], *gg = g + g_row[r] + g_e[e];
+            int64_t nf = 0, ng = 0;
+            while (nf < wf && isfinite(fr[nf * kf])) nf++;
+            while (ng < wg && isfinite(gg[ng * kg])) ng++;
+            for (int64_t s0 = 0; s0 < nf && status == 0; s0 += SEG) {
+                int64_t s1 = s0 + SEG < nf ? s0 + SEG : nf;
+                double tm = INFINITY, rm = INFINITY, am = INFINITY;
+                int has0 = 0, has1 = 0;
+                for (int64_t i = s0; i < s1; i++) {
+                    const double *p = fr + i * kf;
+                    if (p[0] < tm) tm = p[0];
+                    if (p[1] < rm) rm = p[1];
+                    if (p[2] < am) am = p[2];
+                    if (group >= 0) { if (p[3] != 0.0) has1 = 1; else has0 = 1; } else has0 = 1;
+                }
+                for (int64_t j = 0; j < ng && status == 0; j++) {
+                    const double *b = gg + j * kg;
+                    double it = tm + b[0], ir = rm + b[1];
+                    double ia = am + b[2], y = rm + b[3], lo = ir + floor;
+                    if (y > ia) ia = y;
+                    if (lo > ia) ia = lo;
+                    int bg = group >= 0 ? (b[4] != 0.0) : 0;
+                    /* the candidates' groups: 1 only where both are 1 */
+                    int g0 = has0 || !bg, g1 = has1 && bg;
+                    kd_fold_stats[2]++;
+                    if ((!g0 || grid_beats(gr, 0, it, ir, ia)) && (!g1 || grid_beats(gr, 1, it, ir, ia))) {
+                        kd_fold_stats[3]++;
+                        continue;
+                    }
+                    for (int64_t i = s0; i < s1 && status == 0; i++) {
+                        fold_point(fr + i * kf, b, k, floor, o);
+                        int cg = group >= 0 ? (o[3] != 0.0) : 0;
+                        if (grid_beats(gr, cg, o[0], o[1], o[2])) continue;
+                        status = buf_push(&kept, o, (e * wf + i) * wg + j);
+                    }
+                }
+            }
+        }
+        if (status) break;
+        /* 4. exact */
+        if (ws_reserve(&w, kept.n + 1)) { status = -1; break; }
+        tmp = realloc(keep, (kept.n + 1) * sizeof(int64_t));
+        if (!tmp) { status = -1; break; }
+        keep = tmp;
+        (void)n_sampled;
+        int64_t nk = prune_row(kept.v, kept.n, k, group, &w, keep);
+        kd_fold_stats[4] += kept.n; kd_fold_stats[5] += nk;
+        if (nk > cap) { status = -2; break; }
+        double *ov = out_vals + r * cap * k;
+        int64_t *os = out_src + r * cap;
+        for (int64_t q = 0; q < nk; q++) {
+            memcpy(ov + q * k, kept.v + keep[q] * k, k * sizeof(double));
+            os[q] = kept.src[keep[q]];
+        }
+        out_count[r] = nk;
+    }
+    free(sample.v); free(sample.src); free(kept.v); free(kept.src); free(keep); free(gr); ws_free(&w);
+    return status;
 }

@@ -19,6 +19,7 @@ import numpy as np
 
 from .factors import SolveTimeout
 from .kprune import kd_prune
+from .native import kernels
 
 __all__ = ["KFactor", "Rule", "leaf", "combine", "reconstruct", "CHUNK_VALUES"]
 
@@ -30,11 +31,14 @@ CHUNK_VALUES = 1 << 24
 class Rule:
     """How the points of two factors merge: ``merge(a, b)`` takes broadcastable arrays
     ``(..., k_a)`` and ``(..., k_b)`` and returns ``(..., k)``; ``group``: the coordinate
-    that splits a row into groups that never dominate each other (or None)."""
+    that splits a row into groups that never dominate each other (or None). ``native``
+    names the same rule for the compiled kernel: ``("coords", ops)`` (per coordinate 0 sum,
+    1 max, 2 min) or ``("fold", floor)`` (``peaksolve``'s state-and-piece rule)."""
     merge: Callable[[np.ndarray, np.ndarray], np.ndarray]
     k: int
     group: int | None = None
     neutral: np.ndarray | None = None   # a point that merges as the identity, where one exists
+    native: tuple | None = None
 
 
 @dataclass(eq=False)
@@ -83,12 +87,10 @@ def _aligned(f: KFactor, order: tuple[int, ...]) -> np.ndarray:
 
 
 def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
-            deadline: float | None = None, transform: Callable[[np.ndarray], np.ndarray] | None = None) -> KFactor:
+            deadline: float | None = None) -> KFactor:
     """``f`` and ``g`` merged over the union of their scopes, the nodes in ``eliminate``
-    folded out. ``transform`` maps the candidates' coordinates before pruning (a clamp that
-    leaves every final result unchanged). Back-pointer of a point: ``(e * wf + i) * wg + j``,
-    ``e`` the eliminated nodes' joint configuration (row-major), ``i``/``j`` the points of
-    ``f``/``g`` it sums."""
+    folded out. Back-pointer of a point: ``(e * wf + i) * wg + j``, ``e`` the eliminated
+    nodes' joint configuration (row-major), ``i``/``j`` the points of ``f``/``g`` it merges."""
     union = f.scope + tuple(v for v in g.scope if v not in f.scope)
     sizes: dict[int, int] = {}
     for fac in (f, g):
@@ -98,41 +100,100 @@ def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
     elim = tuple(v for v in union if v in eliminate)
     kept = tuple(v for v in union if v not in elim)
     order = kept + elim
-    fa, ga = _aligned(f, order), _aligned(g, order)
     out_dims = tuple(sizes[v] for v in kept)
     e_dims = tuple(sizes[v] for v in elim)
+    fa, f_row, f_e = _addressed(f, order, out_dims, e_dims)
+    ga, g_row, g_e = _addressed(g, order, out_dims, e_dims)
     n_e = int(np.prod(e_dims, dtype=np.int64))
     rows = int(np.prod(out_dims, dtype=np.int64))
-    wf, wg, k = fa.shape[-2], ga.shape[-2], rule.k
-    lead = out_dims[0] if out_dims else 1
-    per_lead = max(rows // max(lead, 1), 1) * n_e * wf * wg * max(k, fa.shape[-1], ga.shape[-1])
-    step = max(1, CHUNK_VALUES // max(per_lead, 1))
-    pieces = []
-    for a0 in range(0, lead, step):
+    wf, wg, k = f.width, g.width, rule.k
+    n = n_e * wf * wg
+    step = max(1, CHUNK_VALUES // max(n * (k + 1), 1))
+    lib = kernels() if rule.native is not None else None
+    vals_parts, src_parts = [], []
+    for r0 in range(0, rows, step):
         if deadline is not None and _time.monotonic() > deadline:
             raise SolveTimeout("time limit reached during a combine")
-        sl = slice(a0, min(a0 + step, lead))
-        fs = fa[sl] if out_dims and fa.shape[0] > 1 else fa
-        gs = ga[sl] if out_dims and ga.shape[0] > 1 else ga
-        chunk = ((min(a0 + step, lead) - a0),) + out_dims[1:] if out_dims else ()
-        n_rows = int(np.prod(chunk, dtype=np.int64))
-        fb = np.broadcast_to(fs, chunk + e_dims + fs.shape[-2:]).reshape(n_rows, n_e, wf, 1, fs.shape[-1])
-        gb = np.broadcast_to(gs, chunk + e_dims + gs.shape[-2:]).reshape(n_rows, n_e, 1, wg, gs.shape[-1])
-        cand = rule.merge(fb, gb).reshape(n_rows, n_e * wf * wg, k)
-        if transform is not None:
-            cand = transform(cand)
-        keep = kd_prune(cand, rule.group)
-        vals = np.take_along_axis(cand, np.maximum(keep, 0)[..., None], axis=1)
-        pad = keep < 0
-        vals[pad] = 0.0
-        vals[..., 0][pad] = np.inf
-        pieces.append((chunk, vals, keep))
-    width = max(p[1].shape[1] for p in pieces)
-    vals = np.concatenate([_pad(p[1], width).reshape(p[0] + (width, k)) for p in pieces], axis=0) if out_dims \
-        else _pad(pieces[0][1], width).reshape((width, k))
-    src = np.concatenate([_pad_src(p[2], width).reshape(p[0] + (width,)) for p in pieces], axis=0) if out_dims \
-        else _pad_src(pieces[0][2], width).reshape((width,))
+        rs = slice(r0, min(r0 + step, rows))
+        if lib is not None:
+            vals, keep = _native(lib, rule, fa, f_row[rs], f_e, f.k, ga, g_row[rs], g_e, g.k, n_e, wf, wg)
+        else:
+            vals, keep = _numpy(rule, fa, f_row[rs], f_e, f.k, ga, g_row[rs], g_e, g.k, n_e, wf, wg)
+        vals_parts.append(vals)
+        src_parts.append(keep)
+    width = max(p.shape[1] for p in vals_parts)
+    vals = np.concatenate([_pad(p, width) for p in vals_parts], axis=0).reshape(out_dims + (width, k))
+    src = np.concatenate([_pad_src(p, width) for p in src_parts], axis=0).reshape(out_dims + (width,))
     return KFactor(kept, vals, src, "combine", (f, g), elim, e_dims)
+
+
+def _addressed(f: KFactor, order: tuple[int, ...], out_dims, e_dims):
+    """``f``'s points as one flat array, and per output row and per eliminated joint
+    configuration the offset (in doubles) where that row's points start."""
+    flat = np.ascontiguousarray(f.vals).ravel()
+    point = f.vals.shape[-2] * f.vals.shape[-1]
+    strides = {v: int(np.prod(f.dims[i + 1:], dtype=np.int64)) * point for i, v in enumerate(f.scope)}
+    n_kept = len(out_dims)
+
+    def offsets(nodes, dims):
+        off = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+        if not dims:
+            return off
+        grid = np.indices(dims).reshape(len(dims), -1)
+        for axis, v in enumerate(nodes):
+            if v in strides:
+                off += grid[axis] * strides[v]
+        return off
+    return flat, offsets(order[:n_kept], out_dims), offsets(order[n_kept:], e_dims)
+
+
+def _native(lib, rule, fa, f_row, f_e, kf_, ga, g_row, g_e, kg, n_e, wf, wg):
+    rows, k, n = len(f_row), rule.k, n_e * wf * wg
+    out_vals = np.empty((rows, max(n, 1), k))
+    out_src = np.empty((rows, max(n, 1)), dtype=np.int64)
+    count = np.empty(rows, dtype=np.int64)
+    kind, arg = rule.native
+    ops = np.ascontiguousarray(arg if kind == "coords" else np.zeros(k), dtype=np.int32)
+    floor = float(arg) if kind == "fold" else 0.0
+    f_row, g_row = np.ascontiguousarray(f_row), np.ascontiguousarray(g_row)
+    f_e, g_e = np.ascontiguousarray(f_e), np.ascontiguousarray(g_e)
+    group = -1 if rule.group is None else rule.group
+    if kind == "fold":
+        status = lib.kd_fold(rows, n_e, wf, wg, fa.ctypes.data, f_row.ctypes.data, f_e.ctypes.data,
+                             ga.ctypes.data, g_row.ctypes.data, g_e.ctypes.data, k, group, floor, max(n, 1),
+                             out_vals.ctypes.data, out_src.ctypes.data, count.ctypes.data)
+    else:
+        status = lib.kd_combine(rows, n_e, wf, wg, fa.ctypes.data, f_row.ctypes.data, f_e.ctypes.data, kf_,
+                                ga.ctypes.data, g_row.ctypes.data, g_e.ctypes.data, kg, k, 0, ops.ctypes.data,
+                                group, floor, max(n, 1), out_vals.ctypes.data, out_src.ctypes.data,
+                                count.ctypes.data)
+    if status != 0:
+        raise MemoryError("kd_combine: out of memory")
+    width = max(int(count.max(initial=0)), 1)
+    vals, src = out_vals[:, :width], out_src[:, :width].copy()
+    live = np.arange(width)[None, :] < count[:, None]
+    src[~live] = -1
+    vals = vals.copy()
+    vals[~live] = 0.0
+    vals[..., 0][~live] = np.inf
+    return vals, src
+
+
+def _numpy(rule, fa, f_row, f_e, kf_, ga, g_row, g_e, kg, n_e, wf, wg):
+    rows = len(f_row)
+    fi = f_row[:, None, None, None] + f_e[None, :, None, None] + (np.arange(wf) * kf_)[None, None, :, None] \
+        + np.arange(kf_)[None, None, None, :]
+    gi = g_row[:, None, None, None] + g_e[None, :, None, None] + (np.arange(wg) * kg)[None, None, :, None] \
+        + np.arange(kg)[None, None, None, :]
+    fb = fa[fi][:, :, :, None, :]
+    gb = ga[gi][:, :, None, :, :]
+    cand = rule.merge(fb, gb).reshape(rows, n_e * wf * wg, rule.k)
+    keep = kd_prune(cand, rule.group)
+    vals = np.take_along_axis(cand, np.maximum(keep, 0)[..., None], axis=1)
+    pad = keep < 0
+    vals[pad] = 0.0
+    vals[..., 0][pad] = np.inf
+    return vals, keep
 
 
 def _pad(vals: np.ndarray, width: int) -> np.ndarray:

@@ -64,6 +64,12 @@ def _load():
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.kd_prune.argtypes = [i64, i64, ctypes.c_int, p, ctypes.c_int, p]
     lib.kd_prune.restype = ctypes.c_int
+    c_int = ctypes.c_int
+    lib.kd_combine.argtypes = [i64, i64, i64, i64, p, p, p, c_int, p, p, p, c_int, c_int, c_int, p, c_int,
+                               ctypes.c_double, i64, p, p, p]
+    lib.kd_combine.restype = ctypes.c_int
+    lib.kd_fold.argtypes = [i64, i64, i64, i64, p, p, p, p, p, p, c_int, c_int, ctypes.c_double, i64, p, p, p]
+    lib.kd_fold.restype = ctypes.c_int
     return lib
 
 

@@ -185,7 +185,7 @@ def _frozen(term: Term, ks: tuple[int, ...], names, additive: bool = False) -> T
         label = ", ".join(names[v] for v in scope)
         raise ValueError(f"term over ({label}): table shape {table.shape}, expected {want}")
     if additive:
-        if not np.isfinite(table).all() or (table < 0).any():
-            raise ValueError(f"additive term over {scope}: costs must be finite and >= 0")
+        if not np.isfinite(table).all() or (table[..., 0] < 0).any():
+            raise ValueError(f"additive term over {scope}: costs must be finite, times >= 0")
     table.setflags(write=False)
     return Term(scope, table)

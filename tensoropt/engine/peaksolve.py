@@ -46,10 +46,10 @@ from .peakgraph import PeakGraph, Term
 __all__ = ["solve_peak", "PeakResult"]
 
 # Coordinates of a piece while its nodes are folded out, and how each merges.
-_VE_COORDS = ("t", "M", "nH", "X", "L", "B", "C")
-_VE_OPS = {"t": "sum", "M": "sum", "nH": "sum", "X": "sum", "L": "max", "B": "sum", "C": "max", "cls": "and"}
+_VE_COORDS = ("t", "M", "MH", "X", "L", "B", "C")
+_VE_OPS = {"t": "sum", "M": "sum", "MH": "sum", "X": "sum", "L": "max", "B": "sum", "C": "max", "cls": "and"}
 _NEUTRAL = {"sum": 0.0, "max": -np.inf, "and": 1.0}
-_KIND_COORD = {"held": "nH", "view": "X", "local": "L", "base": "B", "rise": "C"}
+_KIND_COORD = {"held": "MH", "view": "X", "local": "L", "base": "B", "rise": "C"}
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,7 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
     deadline = None if time_limit_s is None else start + time_limit_s
     plan = _Layout(graph)
     grouped = graph.exclude is not None
-    state = kf.leaf((), np.array([0.0, 0.0, plan.floor[0]] + ([1.0] if grouped else [])))
-    rule = _fold_rule(grouped)
+    state = kf.leaf((), np.array([0.0, 0.0, plan.floor[0]] + ([1.0] if grouped else [])))   # A = R + b_0
     pieces: dict[int, kf.KFactor] = {}
     try:
         for g in range(len(graph.regions)):
@@ -77,8 +76,7 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
             pieces[g] = piece
             floor = plan.floor[g + 1]
             gone = tuple(v for v in plan.live[g] if v not in plan.live[g + 1])
-            state = kf.combine(state, piece, rule, eliminate=gone, deadline=deadline,
-                               transform=lambda c, b=floor: _clamp(c, b))
+            state = kf.combine(state, piece, _fold_rule(grouped, floor), eliminate=gone, deadline=deadline)
     except SolveTimeout as err:
         raise SolveTimeout(f"peak frontier search stopped after {time.monotonic() - start:.1f} s "
                            f"(time_limit_s={time_limit_s}): {err}") from None
@@ -87,7 +85,7 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
     if grouped:
         ok &= vals[:, 3] == 0.0
     idx = np.flatnonzero(ok)
-    peak = vals[idx, 1] + np.maximum(vals[idx, 2], 0.0)
+    peak = np.maximum(vals[idx, 1], vals[idx, 2])          # R + max(0, D) = max(R, A)
     keep = kd_prune(np.column_stack([vals[idx, 0], peak])[None])[0]
     keep = keep[keep >= 0]
     points = np.column_stack([vals[idx[keep], 0], peak[keep]])
@@ -132,45 +130,89 @@ class _Layout:
                 raise ValueError(f"mode node {graph.names[reg.mode]!r} is read by a later region's term")
         self.live = [tuple(v for v in range(graph.n_nodes) if region_of[v] < c <= last_use[v])
                      for c in range(n_regions + 1)]
-        self.floor = _floors(graph)
+        self.bounds = _bounds(graph)
+        self.floor = self.bounds.floor
         self.widest = 0
 
 
-def _floors(graph: PeakGraph) -> list[float]:
-    """``b_c`` per cut (see the module docstring), from each term's least value."""
-    h_min, y_min = [], []
+@dataclass(frozen=True)
+class _Extremes:
+    """Bounds of one region variant's H and Y over its assignments, from each term's extremes."""
+    h_min: float
+    h_max: float
+    y_min: float
+    y_max: float
+    x_max: float
+    b_max: float
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """Per region and variant (mode configuration) its :class:`_Extremes`, and per cut ``c``:
+    ``floor[c]`` (``b_c``: a ``D`` at or below it cannot change any final result) and
+    ``ceiling[c]``, an upper bound of the state's ``D`` there (after raising to the floor)."""
+    variants: list[dict]
+    floor: list[float]
+    ceiling: list[float]
+
+
+def _extremes(reg, mode: int | None) -> _Extremes:
+    low = -np.inf
+
+    def tables(kind):
+        return [_at_mode(t, reg.mode, mode) for t in reg.terms(kind)]
+
+    def total(kind, f):
+        return sum(float(f(t)) for t in tables(kind))
+
+    def most(kind, f):
+        return max((float(f(t)) for t in tables(kind)), default=low)
+    x_max, b_max = total("view", np.max), total("base", np.max)
+    y_min = total("view", np.min) + max(most("local", np.min), total("base", np.min) + most("rise", np.min))
+    y_max = x_max + max(most("local", np.max), b_max + most("rise", np.max))
+    return _Extremes(total("held", np.min), total("held", np.max), y_min, y_max, x_max, b_max)
+
+
+def _at_mode(term: Term, mode_node: int | None, mode: int | None) -> np.ndarray:
+    """A term's table with the mode node's axis fixed at ``mode`` (as is, if it has none)."""
+    if mode is None or mode_node not in term.scope:
+        return term.table
+    return np.take(term.table, mode, axis=term.scope.index(mode_node))
+
+
+def _bounds(graph: PeakGraph) -> _Bounds:
+    variants = []
     for reg in graph.regions:
-        h_min.append(sum(float(t.table.min()) for t in reg.held))
-        x = sum(float(t.table.min()) for t in reg.view)
-        lo = max((float(t.table.min()) for t in reg.local), default=-np.inf)
-        b = sum(float(t.table.min()) for t in reg.base)
-        c = max((float(t.table.min()) for t in reg.rise), default=-np.inf)
-        y_min.append(x + max(lo, b + c))
+        modes = range(graph.n_configs[reg.mode]) if reg.mode is not None else (None,)
+        variants.append({m: _extremes(reg, m) for m in modes})
+    h_min = [min(v.h_min for v in var.values()) for var in variants]
+    y_min = [min(v.y_min for v in var.values()) for var in variants]
+    y_max = [max(v.y_max for v in var.values()) for var in variants]
     n = len(graph.regions)
-    floors = [0.0] * (n + 1)
+    floor = [0.0] * (n + 1)
     for c in range(n - 1, -1, -1):
-        held = 0.0
-        best = -np.inf
+        held, best = 0.0, -np.inf
         for g in range(c, n):
             held += h_min[g]
             best = max(best, held + y_min[g])   # H_[c,g] + Y_g
-        floors[c] = max(held, best)             # held is now H_[c,end]
-    return floors
+        floor[c] = max(held, best)              # held is now H_[c,end]
+    ceiling = [floor[0]]
+    for g in range(n):
+        ceiling.append(max(floor[g + 1], ceiling[g] - h_min[g], y_max[g]))
+    return _Bounds(variants, floor, ceiling)
 
 
-def _clamp(cand: np.ndarray, floor: float) -> np.ndarray:
-    cand[..., 2] = np.maximum(cand[..., 2], floor)
-    return cand
-
-
-def _fold_rule(grouped: bool) -> kf.Rule:
+def _fold_rule(grouped: bool, floor: float) -> kf.Rule:
+    """State (t, R, A) with a piece (t, M, P1, P2): ``A = R + D`` and
+    ``R + M + max(D - H, Y) = max(A + (M - H), R + (M + Y))``; then ``D`` is raised to the
+    floor of the next cut."""
     def merge(s: np.ndarray, p: np.ndarray) -> np.ndarray:
         t = s[..., 0] + p[..., 0]
         r = s[..., 1] + p[..., 1]
-        d = np.maximum(s[..., 2] + p[..., 2], p[..., 3])
-        cols = [t, r, d] + ([np.minimum(s[..., 3], p[..., 4])] if grouped else [])
+        a = np.maximum(np.maximum(s[..., 2] + p[..., 2], s[..., 1] + p[..., 3]), r + floor)
+        cols = [t, r, a] + ([np.minimum(s[..., 3], p[..., 4])] if grouped else [])
         return np.stack(np.broadcast_arrays(*cols), axis=-1)
-    return kf.Rule(merge, 4 if grouped else 3, 3 if grouped else None)
+    return kf.Rule(merge, 4 if grouped else 3, 3 if grouped else None, native=("fold", floor))
 
 
 def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
@@ -186,28 +228,38 @@ def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
             out[..., i] = np.maximum(a[..., i], b[..., i]) if ops[i] == "max" else np.minimum(a[..., i], b[..., i])
         return out
     group = coords.index("cls") if "cls" in coords else None
-    return kf.Rule(merge, len(coords), group, np.array([_NEUTRAL[o] for o in ops]))
+    codes = [{"sum": 0, "max": 1, "and": 2}[o] for o in ops]
+    return kf.Rule(merge, len(coords), group, np.array([_NEUTRAL[o] for o in ops]), native=("coords", codes))
 
 
 # ---------------------------------------------------------------------------- pieces
 
 
 def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline) -> kf.KFactor:
-    """The region's Pareto sets of (t, M, -H, Y[, group]) over the live nodes on both sides."""
+    """The region's Pareto sets of (t, M, M - H, M + Y[, group]) over the live nodes on both sides."""
     reg = graph.regions[g]
     boundary = tuple(sorted(set(plan.live[g]) | set(plan.live[g + 1])))
     grouped = graph.exclude is not None
+    bd = plan.bounds
+    floor, ceiling = bd.floor[g + 1], bd.ceiling[g]
     kinds = {kind: reg.terms(kind) for kind in _KIND_COORD}
-    present = [c for c in _VE_COORDS if c in ("t", "M") or any(kinds[k] for k, cc in _KIND_COORD.items() if cc == c)]
-    coords = tuple(present) + (("cls",) if grouped else ())
-    rule = _ve_rule(coords)
     modes = range(graph.n_configs[reg.mode]) if reg.mode is not None else (None,)
     roots, parts = [], []
     for mode in modes:
-        leaves = _leaves(graph, plan, g, coords, mode)
+        ext = bd.variants[g][mode]
+        # H matters only if some state's D minus it can pass the floor, Y only if it can
+        need = {"MH": ceiling - ext.h_min > floor}
+        need.update(dict.fromkeys(("X", "L", "B", "C"), ext.y_max > floor))
+        present = [c for c in _VE_COORDS if c in ("t", "M")
+                   or (need[c] and any(kinds[k] for k, cc in _KIND_COORD.items() if cc == c))]
+        coords = tuple(present) + (("cls",) if grouped else ())
+        rule = _ve_rule(coords)
+        # max-coordinates below these levels leave Y at or under the floor: raised to them
+        lift = {"L": floor - ext.x_max, "C": floor - ext.x_max - ext.b_max}
+        leaves = _leaves(graph, plan, g, coords, mode, lift)
         root = _eliminate(leaves, boundary, graph.n_configs, rule, deadline)
         roots.append(root)
-        parts.append(_read_out(root.vals, coords, grouped))
+        parts.append(_read_out(root.vals, coords, grouped, floor, ceiling - floor))
     widths = [p.shape[-2] for p in parts]
     offsets = np.cumsum([0] + widths)
     cand = np.concatenate(parts, axis=-2)
@@ -250,7 +302,8 @@ def _set(assignment: dict, v: int, sel: np.ndarray, value, shape) -> None:
     assignment[v] = cur
 
 
-def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mode: int | None) -> list[kf.KFactor]:
+def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mode: int | None,
+            lift: dict[str, float]) -> list[kf.KFactor]:
     reg = graph.regions[g]
     k = len(coords)
     neutral = np.array([_NEUTRAL[_VE_OPS[c]] for c in coords])
@@ -265,14 +318,19 @@ def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mo
         shape = tuple(graph.n_configs[v] for v in scope)
         vals = np.broadcast_to(neutral, shape + (k,)).copy()
         for c, a in arrays.items():
-            vals[..., coords.index(c)] = a
+            if c in coords:
+                vals[..., coords.index(c)] = np.maximum(a, lift[c]) if c in lift else a
         out.append(kf.leaf(scope, vals))
 
     for term in plan.additive[g]:
-        add(term, {"t": term.table[..., 0], "M": term.table[..., 1]})
+        add(term, {"t": term.table[..., 0], "M": term.table[..., 1], "MH": term.table[..., 1]})
     for kind, c in _KIND_COORD.items():
+        if c not in coords:
+            continue
         for term in reg.terms(kind):
-            add(term, {c: -term.table if c == "nH" else term.table})
+            if c in lift and _at_mode(term, reg.mode, mode).max() <= lift[c]:
+                continue        # a position that never rises past the lift cannot matter
+            add(term, {c: -term.table if c == "MH" else term.table})
     for v in reg.nodes:
         if v == reg.mode:
             continue
@@ -327,13 +385,18 @@ def _unit(rule: kf.Rule) -> kf.KFactor:
     return kf.leaf((), rule.neutral)
 
 
-def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool) -> np.ndarray:
-    """(t, M, -H, Y[, group]) from the elimination coordinates."""
+def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool, floor: float, slack: float) -> np.ndarray:
+    """(t, M, P1, P2[, group]) from the elimination coordinates: ``P1 = M - H`` and
+    ``P2 = M + Y``, with Y raised to the floor and H capped at ``slack`` (ceiling - floor),
+    beyond which neither changes the next state."""
     get = {c: vals[..., i] for i, c in enumerate(coords)}
     zero = np.zeros(vals.shape[:-1])
     low = np.full(vals.shape[:-1], -np.inf)
+    m = get["M"]
     y = get.get("X", zero) + np.maximum(get.get("L", low), get.get("B", zero) + get.get("C", low))
-    cols = [get["t"], get["M"], get.get("nH", zero), y] + ([get["cls"]] if grouped else [])
+    p2 = m + np.maximum(y, floor)
+    p1 = np.maximum(get.get("MH", low), m - slack)
+    cols = [get["t"], m, p1, p2] + ([get["cls"]] if grouped else [])
     out = np.stack(cols, axis=-1)
     out[..., 0] = np.where(np.isfinite(get["t"]), out[..., 0], np.inf)
     return out
