@@ -31,6 +31,7 @@ from .costmodel import TrainingConfig
 from .opgraph import OpGraph
 from .plan import Plan
 from .execution import batch_statistics_axes, batch_statistics_bytes
+from .placement import Partial, Replicate, Shard
 from .strategy import OpConfig, term_placements
 
 __all__ = ["Collective", "predicted_collectives", "summarize", "compare"]
@@ -55,8 +56,8 @@ def _scale(spec, training: TrainingConfig) -> float:
     return 1.0
 
 
-def _dim(p: str) -> int | None:
-    return int(p[2:-1]) if p.startswith("S(") else None
+def _dim(p) -> int | None:
+    return p.dim if isinstance(p, Shard) else None
 
 
 def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool = True,
@@ -159,7 +160,7 @@ def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool 
             lt, lo = last.terms
             contracted = "".join(c for t in lt for c in t if c not in lo)
             for a, p in enumerate(term_placements(loss_cfg, lo, contracted)):
-                if p == "P" and shape[a] > 1:
+                if isinstance(p, Partial) and shape[a] > 1:
                     out.append(Collective("all_reduce", a, 4, "forward", "reported loss value", priced=False))
     return out
 
@@ -174,21 +175,21 @@ def _relayout(have, dst_cfg: OpConfig, d_term: str, nbytes: float, dim_map, shap
         p = shape[a]
         if p == 1:
             continue
-        others = math.prod(shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
+        others = math.prod(shape[b] for b in range(len(have)) if b != a and isinstance(want[b], Shard))
         n = nbytes / others
-        hs, ws = h.startswith("S"), w.startswith("S")
+        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
         dh, dw = _dim(h), _dim(w)
         aligned = dh is not None and dw is not None and dw < len(dim_map) and dim_map[dw] == dh
-        if h == "R" and ws:
+        if isinstance(h, Replicate) and ws:
             out.append(Collective("all_gather", a, n, "backward", where, priced))
         elif hs and ws and not aligned:
             out.append(Collective("all_to_all", a, n / p, "forward", where, priced))
             out.append(Collective("all_to_all", a, n / p, "backward", where, priced))
-        elif hs and w == "R":
+        elif hs and isinstance(w, Replicate):
             out.append(Collective("all_gather", a, n, "forward", where, priced))
-        elif h == "P" and w == "R":
+        elif isinstance(h, Partial) and isinstance(w, Replicate):
             out.append(Collective("all_reduce", a, n, "forward", where, priced))
-        elif h == "P" and ws:
+        elif isinstance(h, Partial) and ws:
             out.append(Collective("reduce_scatter", a, n, "forward", where, priced))
             out.append(Collective("all_gather", a, n, "backward", where, priced))
         if gpart[a]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -47,6 +46,7 @@ from .compute import ComputeModel, default_compute_model
 from .hardware import Device
 from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
+from .placement import Partial, Placement, Replicate, Shard
 from .strategy import OpConfig, term_placements
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
@@ -152,7 +152,7 @@ class CostModel:
 
     # ------------------------------------------------------------------ edges
 
-    def redistribute_s(self, nbytes: float, have: tuple[str, ...], want: tuple[str, ...],
+    def redistribute_s(self, nbytes: float, have: tuple[Placement, ...], want: tuple[Placement, ...],
                        aligned: tuple[bool, ...], grad_partial: tuple[bool, ...], mesh: Mesh) -> float:
         """Forward + backward time to move a tensor of ``nbytes`` (full size) from placements
         ``have`` to ``want``; ``aligned[a]``: have and want shard the same dimension on axis a."""
@@ -228,33 +228,28 @@ def _axis_moves(nbytes: float, have, want, mesh: Mesh):
         p = mesh.shape[a]
         if p == 1:
             continue
-        others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
+        others = math.prod(mesh.shape[b] for b in range(len(have)) if b != a and isinstance(want[b], Shard))
         yield a, p, nbytes / others, h, w
 
 
 def _redistribute_s(col: CollectiveModel, nbytes, have, want, aligned, grad_partial, mesh: Mesh) -> float:
     total = 0.0
     for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
-        hs, ws = h.startswith("S"), w.startswith("S")
-        if h == "R" and ws:
+        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+        if isinstance(h, Replicate) and ws:
             total += col.time_s("all_gather", n, mesh, a)                      # backward
         elif hs and ws and not aligned[a]:
             total += 2 * col.time_s("all_to_all", n / p, mesh, a)
-        elif hs and w == "R":
+        elif hs and isinstance(w, Replicate):
             total += col.time_s("all_gather", n, mesh, a)                      # forward
-        elif h == "P" and w == "R":
+        elif isinstance(h, Partial) and isinstance(w, Replicate):
             total += col.time_s("all_reduce", n, mesh, a)
-        elif h == "P" and ws:
+        elif isinstance(h, Partial) and ws:
             total += col.time_s("reduce_scatter", n, mesh, a) + col.time_s("all_gather", n, mesh, a)
         if grad_partial[a]:
             kind = "reduce_scatter" if hs else "all_reduce"
             total += col.time_s(kind, n, mesh, a)
     return total
-
-
-@lru_cache(maxsize=None)
-def _dim_placement(p: str) -> int | None:
-    return int(p[2:-1]) if p.startswith("S(") else None
 
 
 def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> float:
@@ -264,8 +259,8 @@ def _relayout_transient_bytes(nbytes: float, have, want, aligned, mesh: Mesh) ->
     the whole tensor gathered and the chunks it keeps concatenated (two whole-tensor buffers)."""
     most = 0.0
     for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
-        hs, ws = h.startswith("S"), w.startswith("S")
-        if h == "R" and ws:
+        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+        if isinstance(h, Replicate) and ws:
             most = max(most, n + n / p)
         elif hs and ws and not aligned[a]:
             most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
@@ -279,14 +274,14 @@ def _relayout_forward_bytes(nbytes: float, have, want, aligned, mesh: Mesh) -> f
     as in :func:`_relayout_transient_bytes`; a slice's local copy."""
     most = 0.0
     for a, p, n, h, w in _axis_moves(nbytes, have, want, mesh):
-        hs, ws = h.startswith("S"), w.startswith("S")
-        if hs and w == "R":
-            most = max(most, n if _dim_placement(h) == 0 else 2 * n)
+        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+        if hs and isinstance(w, Replicate):
+            most = max(most, n if h.dim == 0 else 2 * n)
         elif hs and ws and not aligned[a]:
             most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
-        elif h == "P":
+        elif isinstance(h, Partial):
             most = max(most, n / p if ws else n)
-        elif h == "R" and ws:
+        elif isinstance(h, Replicate) and ws:
             most = max(most, n / p)
     return most
 
@@ -323,6 +318,7 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
     return table, held[pick], ahead[pick]
 
 
-def _aligned(have: str, want: str, dim_map: tuple[int | None, ...]) -> bool:
-    dh, dw = _dim_placement(have), _dim_placement(want)
-    return dh is not None and dw is not None and dw < len(dim_map) and dim_map[dw] == dh
+def _aligned(have: Placement, want: Placement, dim_map: tuple[int | None, ...]) -> bool:
+    """Both shard, and the consumer's dimension is the producer's seen through the views."""
+    return (isinstance(have, Shard) and isinstance(want, Shard) and want.dim < len(dim_map)
+            and dim_map[want.dim] == have.dim)

@@ -330,11 +330,12 @@ def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostM
     by this user's own splits is all-reduced. (An edge to the first
     user would price it exactly, but that edge spans every block in between and breaks the
     chain the engine composes: a tenfold slower search on GPT-2.)"""
+    from .placement import REPLICATE
     from .strategy import term_placements
 
     seen: set[str] = set()
     out: dict[int, np.ndarray] = {}
-    replicated = ("R",) * mesh.ndim
+    replicated = (REPLICATE,) * mesh.ndim
     none = (False,) * mesh.ndim
     for i, op in enumerate(graph.operators):
         terms, _ = op.terms

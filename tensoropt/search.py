@@ -20,6 +20,7 @@ from .engine import SolveTimeout, solve
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh, parse_devices
 from .opgraph import OpGraph
+from .placement import format_placements
 from .plan import OpChoice, Plan
 from .planner import (MeshProblem, build_problem, peak_bytes, replicate_held_bytes, returned_ops, step_input_bytes,
                       transient_bytes)
@@ -466,7 +467,7 @@ def plan_from_assignment(ctx: _Context, problem: MeshProblem, assignment: Sequen
         again = i in recomputed_ops
         act = 0.0 if again else problem.activation_factor * cost.activation_bytes
         act += cost.output_bytes if i in kept else 0.0
-        ops.append(OpChoice(op.name, op.module, op.family, str(cfg), ",".join(term_placements(cfg, out, contracted)),
+        ops.append(OpChoice(op.name, op.module, op.family, str(cfg), format_placements(term_placements(cfg, out, contracted)),
                             cost.compute_s + (cost.forward_s if again else 0.0), cost.comm_s, float(relayout[i]),
                             cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes, act))
         totals["compute_s"] += cost.compute_s

@@ -31,6 +31,7 @@ from tensoropt.apply import PlanNotApplicable, load_plan, parallelize, plan_layo
 from tensoropt.capture import capture
 from tensoropt.comms import predicted_collectives, summarize
 from tensoropt.models import example_inputs, get_model
+from tensoropt.placement import format_placements
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
 WORKER = SCRIPTS / "plan_worker.py"
@@ -120,7 +121,7 @@ def test_layout_of_reference_plans(mlp_frontier):
     tp = next(p for p in f.plans if p.summary == "tp2")
     lay = plan_layout(tp, model)
     assert lay.mode == "dtensor" and lay.data_axes == ()
-    assert lay.param_placements["layers.0.weight"] in {("S(0)",), ("S(1)",), ("R",)}
+    assert format_placements(lay.param_placements["layers.0.weight"]) in {"S(0)", "S(1)", "R"}
 
 
 def test_zero_and_recompute_with_model_axes_are_laid_out():

@@ -2,7 +2,7 @@
 
 A plan gives every captured operator a configuration (per mesh axis the label split over it).
 That fixes the layout of every operand (``strategy.term_placements``) and of the output
-(``S(d)``/``R``/``P``). ``plan_layout`` works these out and checks them against the model
+(``Shard(d)``/``Replicate()``/``Partial()``, :mod:`tensoropt.placement`). ``plan_layout`` works these out and checks them against the model
 without any collective; ``apply_plan`` then runs them:
 
 * plans whose mesh axes are all data-parallel (every batched operator splits the batch, no
@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..capture.inputs import bind_call, inputs_from_spec, loss_of, replace_loss, split_inputs
 from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replicated
 from ..opgraph import OpGraph
+from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
 from ..strategy import OpConfig, term_placements
 from ._validate import param_signature
@@ -53,9 +54,9 @@ class OpLayout:
     out_term: str
     contracted: str
     param_names: tuple[str | None, ...]
-    want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
+    want: tuple[tuple[Placement, ...], ...]  # per operand: placement per mesh axis
     grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
-    out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
+    out: tuple[Placement, ...]              # output placement per mesh axis (Partial allowed)
     batch_axes: tuple[int, ...] = ()        # BatchNorm: axes its statistics are all-reduced over
 
 
@@ -64,7 +65,7 @@ class PlanLayout:
     plan: Plan
     graph: OpGraph
     ops: list[OpLayout]
-    param_placements: dict[str, tuple[str, ...]]
+    param_placements: dict[str, tuple[Placement, ...]]
     data_axes: tuple[int, ...]
     mode: str                               # "replicate" (all axes data-parallel) or "dtensor"
     program: Any = None                     # capture.Program the graph was built from
@@ -152,7 +153,7 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         cfgs.append(cfg)
     params = dict(model.named_parameters(remove_duplicate=False))
     ops: list[OpLayout] = []
-    pplace: dict[str, tuple[str, ...]] = {}
+    pplace: dict[str, tuple[Placement, ...]] = {}
     for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
         terms, out = op.terms
         contracted = "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
@@ -177,9 +178,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
             pplace.setdefault(pname, w)
             cut = {}
             for a, p in enumerate(w):
-                if p.startswith("S("):
-                    d = int(p[2:-1])
-                    cut[d] = cut.get(d, 1) * plan.mesh_shape[a]
+                if isinstance(p, Shard):
+                    cut[p.dim] = cut.get(p.dim, 1) * plan.mesh_shape[a]
             for d, n in cut.items():
                 if d >= len(shape) or shape[d] % n:
                     raise ValueError(f"operator {op.name}: parameter {pname} of shape {shape} cannot be "
@@ -197,7 +197,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
     return PlanLayout(plan, graph, ops, pplace, dp_axes, mode, program, call)
 
 
-def _storage_placements(program, node: str | None, want: tuple[str, ...], operand_shape, shape) -> tuple[str, ...]:
+def _storage_placements(program, node: str | None, want: tuple[Placement, ...], operand_shape,
+                        shape) -> tuple[Placement, ...]:
     """A parameter's own placements for an operand that shows it through views (a transpose
     moves the split dim; a dim it is expanded along is replicated: the operand's shards are
     local slices of it)."""
@@ -206,10 +207,10 @@ def _storage_placements(program, node: str | None, want: tuple[str, ...], operan
     _, dims = program.source_dims(node)
     out = []
     for p in want:
-        if p.startswith("S("):
-            d = int(p[2:-1])
+        if isinstance(p, Shard):
+            d = p.dim
             pd = dims[d] if d < len(dims) else None
-            p = f"S({pd})" if pd is not None and pd < len(shape) and shape[pd] == operand_shape[d] else "R"
+            p = Shard(pd) if pd is not None and pd < len(shape) and shape[pd] == operand_shape[d] else REPLICATE
         out.append(p)
     return tuple(out)
 

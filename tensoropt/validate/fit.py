@@ -29,6 +29,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..placement import Shard, parse_placements
+
 __all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "calibrated_frontier",
            "CALIBRATION_FORMAT", "MEMORY_TERMS", "MemoryCalibration", "memory_features", "fit_memory_calibration"]
 
@@ -262,8 +264,8 @@ def memory_features(plan, graph, apply_mode: str | None = None) -> dict[str, flo
     largest = 0.0
     for op, choice in zip(graph.operators, plan.ops):
         shards = 1
-        for a, p in enumerate(choice.placements.split(",")):
-            if p.strip().startswith("S(") and a < len(plan.mesh_shape):
+        for a, p in enumerate(parse_placements(choice.placements)):
+            if isinstance(p, Shard) and a < len(plan.mesh_shape):
                 shards *= plan.mesh_shape[a]
         largest = max(largest, float(op.output.nbytes) / shards)
     if apply_mode is None:
