@@ -210,9 +210,9 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
             solved.append((g, problem, res))
         # activations cross each boundary forward and their gradients backward, each device
         # sending its share
-        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm._scale) / mesh.size, 2,
+        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale, mesh.size)
+        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
         fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
         # stages compose on their peaks, each stage's as its plan will state it
         peaks = [np.column_stack([f[:, 0], peak_bytes(problem, g, res.assignments, f[:, 1], microbatches)])

@@ -132,18 +132,29 @@ def step_features(plan, graph=None, apply_mode: str | None = None) -> dict[str, 
         per_bucket = {0: 1, 1: 2, 2: 2, 3: 3}.get(int(plan.zero_stage or 0), 1)
         calls = _buckets(plan) * per_bucket
     elif graph is not None:
-        from ..comms import predicted_collectives
+        calls = _priced_collectives(plan, graph)
+    from ..training import TrainingConfig
 
-        calls = len(predicted_collectives(plan, graph, include_unpriced=False))
-    from ..costmodel import TrainingConfig
-
-    tc = TrainingConfig(plan.training.get("precision", "fp32") if plan.training else "fp32",
-                        plan.training.get("optimizer", "adam") if plan.training else "adam")
+    tc = TrainingConfig.of_plan(plan.training)
     per_param = tc.state_bytes_per_param[0]
     local_params = float(b.get("param_bytes", 0.0)) / per_param
     return {"compute_s": compute, "comm_s": comm, "collective_calls": float(calls),
             "sharded_ops": float(len(plan.ops)) if model_parallel else 0.0,
             "local_params": local_params, "predicted_s": float(plan.time_s)}
+
+
+def _priced_collectives(plan, graph) -> int:
+    """How many collectives the cost model prices for ``plan`` (``comms.predicted_collectives``);
+    a pipeline plan's are its distinct stages' (first, middle, last) on their stage graphs."""
+    from ..comms import predicted_collectives
+
+    if not plan.stages:
+        return len(predicted_collectives(plan, graph))
+    from ..pipeline import split_stages, sub_graph
+
+    specs = split_stages(graph, plan.mesh_shape[0])
+    return sum(len(predicted_collectives(stage, sub_graph(graph, spec.ops)[0]))
+               for stage, spec in zip(plan.stages, specs))
 
 
 def _buckets(plan) -> int:

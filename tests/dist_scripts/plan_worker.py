@@ -6,7 +6,7 @@ Every rank computes the same frontier (the search is deterministic) for ``cpu:N`
 case's plan, computes the single-process reference on the full batch, lays a copy out with
 ``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
 and every full gradient, then 3 Adam steps and the loss after them. One step's collectives
-(forward + backward) are counted and compared with ``tensoropt.comms``' prediction. Rank 0
+(forward + backward) are counted and compared with ``tensoropt.comms.issued_collectives``. Rank 0
 prints one ``RESULT {json}`` line per case.
 
 Plans per model: dp (reference "data parallel"), tp (the first frontier plan whose every
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import tensoropt  # noqa: E402
 from tensoropt.apply import PipelineRunner, count_collectives, full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
-from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
+from tensoropt.comms import issued_collectives, summarize, summarize_for_backend  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 # Zoo name, config overrides, batch. "mlp" is mlp-tiny widened so tensor-parallel plans pair layers.
@@ -166,7 +166,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["grad_max_rel"] = max((e for e in errs.values() if e is not None), default=0.0)
     res["grad_worst"] = max(errs, key=lambda n: errs[n] or 0.0)
     if measured is not None:
-        pred = predicted_collectives(plan, graph, apply_mode=mode)
+        pred = issued_collectives(plan, graph, mode)
         res["predicted"] = summarize_for_backend(pred, tuple(plan.mesh_shape), "gloo")
         res["predicted_raw"] = summarize(pred)
         res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}
