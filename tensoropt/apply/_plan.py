@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ..capture.inputs import bind_call, inputs_from_spec, loss_of, replace_loss, split_inputs
+from ..capture.inputs import example_call, inputs_from_spec, loss_of, replace_loss
 from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replicated
 from ..opgraph import OpGraph
 from ..placement import REPLICATE, Placement, Shard
@@ -83,23 +83,16 @@ class PlanLayout:
 # ---------------------------------------------------------------------------------- layout
 
 
-def example_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None) -> tuple[tuple, dict]:
+def plan_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None) -> tuple[tuple, dict]:
     """(args, kwargs) on meta to capture ``model`` for ``plan`` at ``batch`` (the plan's by
-    default): ``inputs`` if given, else the shapes the plan stores, else a zoo model's own."""
+    default): ``inputs`` if given, else the shapes the plan stores, else a zoo model's own
+    (for the model's config)."""
     plan_batch = (plan.training or {}).get("batch_size")
     if inputs is not None:
-        args, kwargs = split_inputs(inputs)
-        def meta(x):
-            if not isinstance(x, torch.Tensor):
-                return x
-            shape = list(x.shape)
-            if batch is not None and shape and plan_batch and shape[0] == plan_batch:
-                shape[0] = batch
-            return torch.empty(shape, dtype=x.dtype, device="meta")
-        return tuple(meta(a) for a in args), {k: meta(v) for k, v in kwargs.items()}
+        return example_call(inputs, batch=plan_batch, at=batch, meta=True)
     if plan.inputs:
         return inputs_from_spec(plan.inputs, plan_batch, batch)
-    from ..models import MODEL_NAMES, example_inputs
+    from ..models import MODEL_NAMES
 
     if plan.model not in MODEL_NAMES:
         raise ValueError(f"plan for {plan.model!r} stores no input shapes (made before plans carried them): "
@@ -108,18 +101,14 @@ def example_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | 
 
     cfg = getattr(model, "config", None)
     overrides = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-    b = batch or plan_batch
-    try:
-        return tuple(example_inputs(plan.model, b, device="meta", **overrides)), {}
-    except (TypeError, ValueError):
-        return tuple(example_inputs(plan.model, b, device="meta")), {}
+    return example_call(zoo=plan.model, at=batch or plan_batch, overrides=overrides)
 
 
 def capture_for_plan(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None):
     """(graph, program, call): ``model`` captured again on meta inputs for ``plan``."""
     from ..capture import capture_program
 
-    args, kwargs = example_call(plan, model, inputs, batch)
+    args, kwargs = plan_call(plan, model, inputs, batch)
     graph, program = capture_program(model, args, kwargs=kwargs, name=plan.model)
     return graph, program, (args, kwargs)
 
