@@ -18,7 +18,6 @@ The search, step by step, each in the module that holds it:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np

@@ -16,7 +16,6 @@ without any collective; ``apply_plan`` then runs them:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
