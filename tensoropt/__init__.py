@@ -27,7 +27,7 @@ _EXPORTS = {
     "parse_devices": ("tensoropt.mesh", "parse_devices"),
     "TrainingConfig": ("tensoropt.training", "TrainingConfig"),
     "CaptureError": ("tensoropt.capture", "CaptureError"),
-    "profile": ("tensoropt.profile", "profile"),
+    "profile": ("tensoropt.profile.run", "profile"),
 }
 
 __all__ = sorted(_EXPORTS)

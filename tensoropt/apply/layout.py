@@ -11,11 +11,12 @@ without any collective; ``apply_plan`` then runs them:
   gathered after forward, ZeRO 3 reshards) -- one group per repeated block and the root, the
   batch split per rank;
 * every other plan runs the model's captured program with the plan's layouts on DTensor
-  (``_runner.ProgramRunner``): the same nodes that were planned, whatever the eager code.
+  (``runner.ProgramRunner``): the same nodes that were planned, whatever the eager code.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.checkpoint import checkpoint
 
 from ..capture.inputs import example_call, inputs_from_spec, loss_of, replace_loss
 from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replicated
@@ -30,9 +32,10 @@ from ..opgraph import OpGraph
 from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
 from ..strategy import OpConfig, term_placements
-from ._validate import param_signature
+from ..capture.signature import param_signature
 
-__all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan"]
+__all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan", "plan_call",
+           "checkpoint_forward"]
 
 
 class PlanNotApplicable(ValueError):
@@ -211,7 +214,7 @@ def apply_plan(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> nn.Mod
     if layout.mode == "replicate":
         _apply_replicate(model, layout, mesh)
     else:
-        from ._runner import ProgramRunner
+        from .runner import ProgramRunner
 
         runner = ProgramRunner(model, layout, layout.program, mesh)
         runner.install_parameters()
@@ -231,8 +234,6 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 2: keep
     parameters gathered after forward; ZeRO 3: reshard), one group per repeated block and
     the root; recomputed modules run under non-reentrant checkpointing."""
-    from . import _checkpoint_forward
-
     zero = getattr(layout.plan, "zero_stage", 0) or 0
     if zero:
         from torch.distributed.fsdp import fully_shard
@@ -242,7 +243,7 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     else:
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
     for fqn in getattr(layout.plan, "recompute", ()) or ():
-        _checkpoint_forward(model.get_submodule(fqn))
+        checkpoint_forward(model.get_submodule(fqn))
     names = tuple(layout.axis_names[a] for a in layout.data_axes)
     dp = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("_".join(names))
     for fqn in layout.graph.block_modules:
@@ -273,3 +274,18 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
     model.register_forward_hook(post)
+
+
+def checkpoint_forward(module: nn.Module) -> None:
+    """Activation checkpointing without changing FQNs: the module's forward (inside its hooks)
+    runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``."""
+    if getattr(module, "_tensoropt_recompute", False):
+        return
+    orig = module.forward
+
+    @functools.wraps(orig)
+    def forward(*args, **kwargs):
+        return checkpoint(orig, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward                  # type: ignore[method-assign]
+    module._tensoropt_recompute = True        # type: ignore[attr-defined]

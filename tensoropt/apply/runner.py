@@ -16,7 +16,7 @@ input shapes, so node names agree), not the model's eager code. Whatever the eag
   split label become partial sums; a class loss over a split batch divides its local sum by
   the count of counted targets in the whole batch; causal attention over split queries
   gets the mask of its own rows; a vocabulary-split embedding masks foreign rows; BatchNorm
-  over a split batch all-reduces its statistics (``_sync_batch_norm``);
+  over a split batch all-reduces its statistics (``batch_norm``);
 * nodes between operators (views) run on DTensors with DTensor's rules; constants and
   derived inputs (masks, position ids: capture's ``_derived``) run on plain tensors, every
   rank computing them from the whole batch it is handed;
@@ -42,12 +42,12 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
-from ..capture._program import Program, call_node, module_paths
+from ..capture.program import Program, call_node, module_paths
 from ..capture.inputs import bind_call, forward_signature
 from .. import placement as planned
-from ._sync_batch_norm import sync_batch_norm
+from .batch_norm import sync_batch_norm
 
-__all__ = ["ProgramRunner", "to_placement", "Step"]
+__all__ = ["ProgramRunner", "to_placement", "Step", "is_skipped"]
 
 _SKIP_PREFIXES = ("_assert", "sym_constrain")
 _CLASS_LOSSES = ("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d")
@@ -70,7 +70,7 @@ def to_placement(p: planned.Placement) -> Placement:
 _MOVED = "__moved__"
 
 
-def _skipped(n: fx.Node) -> bool:
+def is_skipped(n: fx.Node) -> bool:
     name = getattr(n.target, "__name__", "") or str(n.target)
     return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
         tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
@@ -125,7 +125,7 @@ class ProgramRunner:
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
         self.keep = set(keep) | {a.name for a in out.all_input_nodes}
-        self.steps = self._steps([n for n in nodes if not _skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
+        self.steps = self._steps([n for n in nodes if not is_skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
         _liveness(self.steps, self.keep)
 
     # ---------------------------------------------------------------- steps
@@ -165,7 +165,7 @@ class ProgramRunner:
             for a in node.all_input_nodes:
                 if a.name not in mine and a.name not in reads:
                     reads.append(a.name)
-            if any(u.name not in mine and not _skipped(u) for u in node.users):
+            if any(u.name not in mine and not is_skipped(u) for u in node.users):
                 writes.append(m)
         return Step("op", op=o, reads=tuple(reads), writes=tuple(writes),
                     written=tuple(_written_operands(o, self.by_name)))
