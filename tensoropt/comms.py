@@ -29,7 +29,7 @@ from collections import defaultdict
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
-from .strategy import OpConfig, term_placements
+from .strategy import OpConfig, output_placements, term_placements
 from .traffic import (Collective, aligned, edge_collectives, grad_partial, operator_collectives, owners,
                       relayout_collectives, tied_use_collectives, tied_uses)
 from .training import TrainingConfig
@@ -128,10 +128,8 @@ def _loss_value(graph: OpGraph, cfg: OpConfig, shape, apply_mode: str) -> list[C
     plans over the axes where the loss is left partial."""
     if apply_mode == "replicate":
         return [Collective("all_reduce", -1, 4, "forward", "reported loss value", priced=False)]
-    terms, out = graph.operators[-1].terms
-    contracted = "".join(c for t in terms for c in t if c not in out)
     return [Collective("all_reduce", a, 4, "forward", "reported loss value", priced=False)
-            for a, p in enumerate(term_placements(cfg, out, contracted)) if isinstance(p, Partial) and shape[a] > 1]
+            for a, p in enumerate(output_placements(graph.operators[-1], cfg)) if isinstance(p, Partial) and shape[a] > 1]
 
 
 def summarize(colls: list[Collective]) -> dict[str, dict]:

@@ -31,7 +31,7 @@ from .hardware import Device
 from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
 from .placement import Partial, Placement, Replicate, Shard
-from .strategy import OpConfig, term_placements
+from .strategy import OpConfig, output_placements, term_placements
 from .traffic import Collective, Move, aligned, axis_moves, grad_partial, operator_moves, relayout_moves
 from .training import OPTIMIZERS, PRECISIONS, ZERO_STAGES, TrainingConfig
 
@@ -200,13 +200,10 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
     up, and the ``(K_src, K_dst)`` bytes the layout move holds in backward
     (:func:`_relayout_transient_bytes`) and in forward (:func:`_relayout_forward_bytes`)."""
     src, dst = graph.operators[edge.src], graph.operators[edge.dst]
-    s_terms, s_out = src.terms
-    contracted = "".join(c for t in s_terms for c in t if c not in s_out)
-    d_terms, _ = dst.terms
-    d_term = d_terms[edge.operand]
+    d_term = dst.terms[0][edge.operand]
     spec = dst.operands[edge.operand]
     nbytes = spec.nbytes * cm.training.scale(spec)
-    have = [term_placements(c, s_out, contracted) for c in src_cfgs]
+    have = [output_placements(src, c) for c in src_cfgs]
     want = [term_placements(c, d_term) for c in dst_cfgs]
     partial = [grad_partial(c, d_term) for c in dst_cfgs]
     h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}

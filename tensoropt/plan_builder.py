@@ -18,7 +18,7 @@ from .opgraph import OpGraph
 from .placement import format_placements
 from .plan import OpChoice, Plan
 from .planner import MeshProblem, replicate_held_bytes, returned_ops, step_input_bytes, transient_bytes
-from .strategy import label_sizes, term_placements
+from .strategy import label_sizes, output_placements
 from .training import TrainingConfig
 
 __all__ = ["PlanContext", "Candidate", "plan_from_assignment", "summarize"]
@@ -72,13 +72,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     for i, op in enumerate(graph.operators):
         cfg = problem.configs[i][a[i]]
         cost = problem.node_costs[i][a[i]]
-        terms, out = op.terms
-        contracted = "".join(c for t in terms for c in t if c not in out)
         again = i in recomputed_ops
         act = 0.0 if again else problem.activation_factor * cost.activation_bytes
         act += cost.output_bytes if i in kept else 0.0
         ops.append(OpChoice(name=op.name, module=op.module, family=op.family, config=str(cfg),
-                            placements=format_placements(term_placements(cfg, out, contracted)),
+                            placements=format_placements(output_placements(op, cfg)),
                             compute_s=cost.compute_s + (cost.forward_s if again else 0.0), comm_s=cost.comm_s,
                             relayout_s=float(relayout[i]),
                             param_bytes=cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes,

@@ -1,9 +1,14 @@
-"""From an operator graph on one mesh to a cost graph, and back from assignments to plans.
+"""From an operator graph on one mesh to a cost graph, and what an assignment of it holds at
+the step's peak.
 
 ``build_problem`` enumerates every operator's configurations (``strategy``), prices them
-and every edge (``costmodel``) and hands the engine a plain :class:`CostGraph`, with the
-graph's identical blocks declared so the engine composes them by repeated squaring.
-Operators with identical shapes and roles share one cost computation.
+and every edge (``costmodel``) and the later uses of tied parameters (``traffic``), and hands
+the engine a plain :class:`CostGraph` with the graph's identical blocks declared, so that the
+engine solves one block and folds the chain of blocks one block at a time
+(``engine.blocks``). Operators with identical shapes and roles share one cost computation.
+``transient_bytes``, ``peak_bytes``, ``replicate_held_bytes`` and ``step_input_bytes`` give
+an assignment's rise above the cost graph's end-of-forward memory; ``plan_builder`` turns an
+assignment into a plan.
 
 Activation recomputation is one more node per recompute unit (each repeated block's module,
 ``OpGraph.block_modules``; in a graph without blocks each ``layers.<i>`` module),

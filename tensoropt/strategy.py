@@ -29,7 +29,8 @@ from .mesh import Mesh
 from .opgraph import Operator
 from .placement import PARTIAL, REPLICATE, Placement, Shard
 
-__all__ = ["OpConfig", "enumerate_configs", "label_sizes", "term_placements", "splittable_labels"]
+__all__ = ["OpConfig", "enumerate_configs", "label_sizes", "term_placements", "output_placements", "contracted_labels",
+           "splittable_labels"]
 
 
 @dataclass(frozen=True)
@@ -134,3 +135,16 @@ def term_placements(cfg: OpConfig, labels: str, contracted: str = "") -> tuple[P
         else:
             out.append(REPLICATE)
     return tuple(out)
+
+
+def contracted_labels(op: Operator) -> str:
+    """The labels of ``op``'s operands that its output lacks (reduced: split, they leave
+    partial sums), each once, in equation order."""
+    terms, out = op.terms
+    return "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
+
+
+def output_placements(op: Operator, cfg: OpConfig) -> tuple[Placement, ...]:
+    """Placement per mesh axis of ``op``'s output in ``cfg`` (``Partial()`` where a contracted
+    label is split)."""
+    return term_placements(cfg, op.terms[1], contracted_labels(op))

@@ -53,7 +53,7 @@ from typing import Iterator, Sequence
 from .execution import batch_statistics_axes, batch_statistics_bytes
 from .opgraph import Edge, Operator, OpGraph
 from .placement import REPLICATE, Partial, Placement, Replicate, Shard
-from .strategy import OpConfig, term_placements
+from .strategy import OpConfig, output_placements, term_placements
 from .training import TrainingConfig
 
 __all__ = ["Collective", "Move", "flatten", "operator_moves", "operator_collectives", "relayout_moves",
@@ -187,11 +187,9 @@ def edge_collectives(graph: OpGraph, edge: Edge, src_cfg: OpConfig, dst_cfg: OpC
     """The re-layout of ``edge``'s tensor from its producer's output layout to its consumer's
     operand layout."""
     src, dst = graph.operators[edge.src], graph.operators[edge.dst]
-    s_terms, s_out = src.terms
-    contracted = "".join(c for t in s_terms for c in t if c not in s_out)
     d_term = dst.terms[0][edge.operand]
     spec = dst.operands[edge.operand]
-    have = term_placements(src_cfg, s_out, contracted)
+    have = output_placements(src, src_cfg)
     want = term_placements(dst_cfg, d_term)
     return relayout_collectives(spec.nbytes * training.scale(spec), have, want,
                                 tuple(aligned(h, w, edge.dim_map) for h, w in zip(have, want)),

@@ -14,6 +14,7 @@ its own package's ``__init__``.
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +195,64 @@ def test_planning_never_reaches_the_runners(graph):
 def test_planning_modules_do_not_import_torch(graph, start):
     users = sorted(m for m in graph.reachable(start) if "torch" in graph.external.get(m, set()))
     assert not users, f"{start} imports torch through {users}"
+
+
+# ---------------------------------------------------------------------------------- the README's table
+
+README = PACKAGE.parent / "README.md"
+
+
+def readme_layers(text: str) -> list[tuple[str, list[tuple[str, bool]]]]:
+    """``[(layer, [(module, whole package?), ...]), ...]`` from the table under "How it works",
+    in row order: a ``name.py`` or ``dir/name.py`` cell entry is that module of ``tensoropt/``,
+    a ``tensoropt/dir/`` one a package and everything in it."""
+    section = text.split("## How it works", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("layer", "") or set(cells[0]) <= {"-"}:
+            continue
+        names = []
+        for item in re.findall(r"`([^`]+)`", cells[1]):
+            item = item.removeprefix("tensoropt/")
+            if item.endswith("/"):
+                names.append(("tensoropt." + item.strip("/").replace("/", "."), True))
+            else:
+                module = "tensoropt." + item.removesuffix(".py").replace("/", ".")
+                names.append((module.removesuffix(".__init__"), False))
+        rows.append((cells[0], names))
+    return rows
+
+
+def _row_of(module: str, rows) -> int | None:
+    """The row that names ``module`` itself, else the row of its innermost package."""
+    best, best_len = None, -1
+    for k, (_, names) in enumerate(rows):
+        for n, package in names:
+            if module == n and not package:
+                return k
+            if package and (module == n or module.startswith(n + ".")) and len(n) > best_len:
+                best, best_len = k, len(n)
+    return best
+
+
+def test_readme_table_places_every_module_and_every_import_points_up(graph):
+    rows = readme_layers(README.read_text())
+    assert len(rows) >= 8, rows
+    row = {m: _row_of(m, rows) for m in graph.modules if m != "tensoropt"}
+    assert [m for m, r in row.items() if r is None] == [], "add these modules to the README's table"
+    wrong = [f"{m} ({rows[row[m]][0]}) imports {t} ({rows[row[t]][0]})"
+             for m in row for t in graph.edges.get(m, ()) if t in row and row[t] > row[m]]
+    assert wrong == []
+
+
+def test_readme_check_fails_on_a_table_in_the_wrong_order(graph):
+    text = README.read_text()
+    rows = readme_layers(text)
+    upside_down = rows[::-1]
+    row = {m: _row_of(m, upside_down) for m in graph.modules if m != "tensoropt"}
+    assert any(row[t] > row[m] for m in row for t in graph.edges.get(m, ()) if t in row)
+    assert _row_of("tensoropt.profile.data", rows) != _row_of("tensoropt.profile.run", rows)
 
 
 # ---------------------------------------------------------------------------------- the checker

@@ -31,7 +31,8 @@ from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replic
 from ..opgraph import OpGraph
 from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
-from ..strategy import OpConfig, term_placements
+from ..strategy import OpConfig, contracted_labels, output_placements, term_placements
+from ..traffic import grad_partial
 from ..capture.signature import param_signature
 
 __all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan", "plan_call",
@@ -147,7 +148,7 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
     pplace: dict[str, tuple[Placement, ...]] = {}
     for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
         terms, out = op.terms
-        contracted = "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
+        contracted = contracted_labels(op)
         for a, s in enumerate(cfg.splits):
             if s is not None and s not in op.splittable:
                 raise PlanNotApplicable(f"operator {op.name}: config {cfg} splits label {s!r} on mesh "
@@ -156,8 +157,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         if base == "embedding" and sum(1 for s in cfg.splits if s is not None and s in contracted) > 1:
             raise PlanNotApplicable(f"operator {op.name}: vocabulary split over several mesh axes ({cfg})")
         want = tuple(term_placements(cfg, t) for t in terms)
-        gp = tuple(tuple(s is not None and s not in t for s in cfg.splits) for t in terms)
-        outp = term_placements(cfg, out, contracted)
+        gp = tuple(grad_partial(cfg, t) for t in terms)
+        outp = output_placements(op, cfg)
         for j, (pname, w) in enumerate(zip(op.param_names, want)):
             if pname is None:
                 continue
