@@ -31,6 +31,7 @@ import numpy as np
 from .comms import predicted_collectives
 from .frontiers import Frontier
 from .pipeline import split_stages, sub_graph
+from .strategy import OpConfig
 from .training import TrainingConfig
 
 __all__ = ["TERMS", "FEATURES", "NEUTRAL", "StepCalibration", "CALIBRATION_FORMAT", "feature_value",
@@ -170,15 +171,9 @@ def _buckets(plan) -> int:
 
 def has_model_axis(plan) -> bool:
     """Some mesh axis (size > 1) splits something other than the batch in some operator."""
-    for a, n in enumerate(plan.mesh_shape):
-        if n <= 1:
-            continue
-        for o in plan.ops:
-            parts = o.config.split(",")
-            s = parts[a].strip() if a < len(parts) else "-"
-            if s not in ("-", "", "b", "None"):
-                return True
-    return False
+    splits = [OpConfig.parse(o.config).splits for o in plan.ops]
+    return any(n > 1 and a < len(s) and s[a] not in (None, "b")
+               for a, n in enumerate(plan.mesh_shape) for s in splits)
 
 
 def calibrated_frontier(plans: Sequence, calibration: StepCalibration, graph) -> list[tuple]:
