@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
 from .strategy import OpConfig, output_placements, term_placements
 from .traffic import (Collective, aligned, edge_collectives, grad_partial, operator_collectives, owners,
-                      relayout_collectives, tied_use_collectives, tied_uses)
+                      relayout_collectives, tied_grad_move, tied_use_collectives, tied_use_label, tied_uses)
 from .training import TrainingConfig
 
 __all__ = ["Collective", "predicted_collectives", "issued_collectives", "summarize", "summarize_for_backend",
@@ -96,30 +97,26 @@ def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Coll
 
 def _tied_uses_as_run(graph: OpGraph, cfgs, shape, training: TrainingConfig, apply_mode: str) -> list[Collective]:
     first: dict[str, tuple] = {}          # parameter -> (its node, layout, partial axes) at its first user
-    for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
+    for op, cfg in zip(graph.operators, cfgs):
         for k, pname in enumerate(op.param_names):
             if pname is not None and pname not in first:
                 t = op.terms[0][k]
                 first[pname] = (op.operand_nodes[k] if op.operand_nodes else None, term_placements(cfg, t),
                                 grad_partial(cfg, t))
     out: list[Collective] = []
-    _, bg, _ = training.state_bytes_per_param
     for i, k in tied_uses(graph):
         op, cfg = graph.operators[i], cfgs[i]
         t, spec, pname = op.terms[0][k], op.operands[k], op.param_names[k]
         node = op.operand_nodes[k] if op.operand_nodes else None
         owner = first[pname][1]
         want, partial = term_placements(cfg, t), grad_partial(cfg, t)
-        where = f"tied parameter {pname} for {op.name}"
         if owner != want:
             moves = relayout_collectives(spec.nbytes * training.scale(spec), owner, want,
                                          tuple(aligned(h, w, range(len(t))) for h, w in zip(owner, want)),
-                                         partial, shape, where)
-            out += [Collective(c.kind, c.axis, c.bytes, c.phase, c.where, priced=False) for c in moves]
+                                         partial, shape, tied_use_label(op, k))
+            out += [replace(c, priced=False) for c in moves]
         elif apply_mode == "dtensor" and (node is None or first[pname] != (node, want, partial)):
-            local = spec.numel / cfg.shards(t, shape)
-            out += [Collective("all_reduce", a, bg * local, "backward", f"grad of {where}")
-                    for a, p in enumerate(partial) if p and shape[a] > 1]
+            out += tied_grad_move(op, k, cfg, shape, training)
     return out
 
 
@@ -161,6 +158,6 @@ def summarize_for_backend(colls: list[Collective], mesh_shape: tuple[int, ...], 
     DTensor all-gathers the whole ``p`` times larger buffer and keeps its chunk)."""
     if backend != "gloo":
         return summarize(colls)
-    conv = [Collective("all_gather", c.axis, c.bytes * mesh_shape[c.axis], c.phase, c.where, c.priced)
-            if c.kind == "all_to_all" else c for c in colls]
+    conv = [replace(c, kind="all_gather", bytes=c.bytes * mesh_shape[c.axis]) if c.kind == "all_to_all" else c
+            for c in colls]
     return summarize(conv)

@@ -40,8 +40,9 @@ A *move* is the collectives of one tensor's move on one axis (a gather forward, 
 gradient's reduction backward) or of one parameter's gradient on one axis (with its ZeRO
 gathers): the rules return lists of moves (``*_moves``), or the same collectives one after
 another (``*_collectives``). The cost model prices a list (``CostModel.price``: the sum of
-each collective's α–β time, added up move by move), ``comms.predicted_collectives`` concatenates them over a plan and calibration counts
-them, so the search, the predictions and the calibration read one set of rules.
+each collective's α–β time, added up move by move), ``comms.predicted_collectives``
+concatenates them over a plan and calibration counts them, so the search, the predictions
+and the calibration read one set of rules.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from .training import TrainingConfig
 
 __all__ = ["Collective", "Move", "flatten", "operator_moves", "operator_collectives", "relayout_moves",
            "relayout_collectives", "edge_collectives", "tied_use_moves", "tied_use_collectives", "axis_moves",
-           "aligned", "grad_partial", "owners", "tied_uses"]
+           "aligned", "grad_partial", "owners", "tied_uses", "tied_grad_move", "tied_use_label"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def operator_moves(op: Operator, cfg: OpConfig, shape: Sequence[int], training: 
             if zero_stage == 0:
                 out.append((grad,))
             elif zero_stage == 3:
+                # the two gathers first: a move's prices add up in this order, as rs + 2 * ag
                 out.append((gather, Collective("all_gather", axis, bp * local, "backward", f"param {pname}"), grad))
             else:
                 out.append((grad, gather))
@@ -231,15 +233,26 @@ def tied_use_moves(op: Operator, operand: int, cfg: OpConfig, shape: Sequence[in
     those axes)."""
     term = op.terms[0][operand]
     spec = op.operands[operand]
-    where = f"tied parameter {op.param_names[operand]} for {op.name}"
     ndim = len(shape)
     out = relayout_moves(spec.nbytes * training.scale(spec), (REPLICATE,) * ndim, term_placements(cfg, term),
-                         (False,) * ndim, (False,) * ndim, shape, where)
-    _, bg, _ = training.state_bytes_per_param
-    grad = bg * spec.numel / cfg.shards(term, shape)
-    reduce = tuple(Collective("all_reduce", a, grad, "backward", f"grad of {where}")
-                   for a, s in enumerate(cfg.splits) if s is not None and s not in term and shape[a] > 1)
+                         (False,) * ndim, (False,) * ndim, shape, tied_use_label(op, operand))
+    reduce = tied_grad_move(op, operand, cfg, shape, training)
     return out + [reduce] if reduce else out
+
+
+def tied_use_label(op: Operator, operand: int) -> str:
+    return f"tied parameter {op.param_names[operand]} for {op.name}"
+
+
+def tied_grad_move(op: Operator, operand: int, cfg: OpConfig, shape: Sequence[int],
+                   training: TrainingConfig) -> Move:
+    """The all-reduce of the parameter gradient a tied parameter's later user leaves partial
+    (over the axes where it splits another label), one move over those axes."""
+    term = op.terms[0][operand]
+    _, bg, _ = training.state_bytes_per_param
+    grad = bg * op.operands[operand].numel / cfg.shards(term, shape)
+    return tuple(Collective("all_reduce", a, grad, "backward", f"grad of {tied_use_label(op, operand)}")
+                 for a, s in enumerate(cfg.splits) if s is not None and s not in term and shape[a] > 1)
 
 
 def tied_use_collectives(op: Operator, operand: int, cfg: OpConfig, shape: Sequence[int],
