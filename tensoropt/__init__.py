@@ -18,16 +18,16 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "frontier": ("tensoropt.search", "frontier"),
-    "Frontier": ("tensoropt.search", "Frontier"),
-    "InfeasibleBudget": ("tensoropt.search", "InfeasibleBudget"),
+    "Frontier": ("tensoropt.frontiers", "Frontier"),
+    "InfeasibleBudget": ("tensoropt.budget", "InfeasibleBudget"),
     "Plan": ("tensoropt.plan", "Plan"),
     "parallelize": ("tensoropt.apply", "parallelize"),
     "train_step": ("tensoropt.apply", "train_step"),
     "Cluster": ("tensoropt.mesh", "Cluster"),
     "parse_devices": ("tensoropt.mesh", "parse_devices"),
-    "TrainingConfig": ("tensoropt.costmodel", "TrainingConfig"),
+    "TrainingConfig": ("tensoropt.training", "TrainingConfig"),
     "CaptureError": ("tensoropt.capture", "CaptureError"),
-    "profile": ("tensoropt.profile", "profile"),
+    "profile": ("tensoropt.profile.run", "profile"),
 }
 
 __all__ = sorted(_EXPORTS)

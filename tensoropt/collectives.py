@@ -26,7 +26,7 @@ from typing import Callable
 from .mesh import Mesh
 
 __all__ = [
-    "COLLECTIVE_KINDS", "CollectiveParams", "CollectiveModel",
+    "COLLECTIVE_KINDS", "FORMULAS", "CollectiveParams", "CollectiveModel",
     "all_reduce_s", "all_gather_s", "reduce_scatter_s", "all_to_all_s", "send_recv_s", "broadcast_s",
 ]
 
@@ -86,7 +86,7 @@ def send_recv_s(nbytes: float, p: int, latency_s: float, bandwidth_bytes_per_s: 
     return latency_s + nbytes / bandwidth_bytes_per_s
 
 
-_FORMULAS: dict[str, Callable[[float, int, float, float], float]] = {
+FORMULAS: dict[str, Callable[[float, int, float, float], float]] = {
     "all_reduce": all_reduce_s,
     "all_gather": all_gather_s,
     "reduce_scatter": reduce_scatter_s,
@@ -94,7 +94,7 @@ _FORMULAS: dict[str, Callable[[float, int, float, float], float]] = {
     "send_recv": send_recv_s,
     "broadcast": broadcast_s,
 }
-COLLECTIVE_KINDS: tuple[str, ...] = tuple(_FORMULAS)
+COLLECTIVE_KINDS: tuple[str, ...] = tuple(FORMULAS)
 
 _IDENTITY_SCALE = 1.0
 _NO_OVERHEAD_S = 0.0
@@ -124,7 +124,7 @@ class CollectiveModel:
     broadcast: CollectiveParams = field(default_factory=CollectiveParams)
 
     def params(self, kind: str) -> CollectiveParams:
-        if kind not in _FORMULAS:
+        if kind not in FORMULAS:
             raise ValueError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVE_KINDS)}")
         return getattr(self, kind)
 
@@ -132,7 +132,7 @@ class CollectiveModel:
                    bandwidth_bytes_per_s: float) -> float:
         """Calibrated cost from raw numbers (p ranks, link α and B)."""
         cal = self.params(kind)
-        t = _FORMULAS[kind](nbytes, p, cal.alpha_scale * latency_s,
+        t = FORMULAS[kind](nbytes, p, cal.alpha_scale * latency_s,
                             cal.bandwidth_efficiency * bandwidth_bytes_per_s)
         return t + cal.base_s if t > 0 else 0.0
 

@@ -1,200 +1,132 @@
-"""A plan's predicted collectives, as data, following the cost model's rules (``costmodel``).
+"""A plan's collectives, as data: what the cost model prices, and what the apply layer issues.
 
-For one training step (forward + backward) of a :class:`~tensoropt.plan.Plan`:
+:func:`predicted_collectives` concatenates the rules of :mod:`tensoropt.traffic` over a plan:
+every operator's own collectives (parameter gradients, ZeRO, BatchNorm statistics), every
+edge's re-layout and every later use of a tied parameter. Priced with the plan's cost model
+(``CostModel.price``) the list sums to the plan's ``comm_s + relayout_s``; whole-step
+calibration counts it.
 
-* every edge (producer output -> consumer operand) is re-laid out per mesh axis as in the
-  costmodel table (R->S: all-gather of the gradient in backward; S(d)->S(d'): all-to-all
-  both ways; S->R: all-gather forward; P->R: all-reduce forward; P->S: reduce-scatter
-  forward and all-gather backward), plus the partial-sum gradient (all-reduce, or
-  reduce-scatter when the producer is sharded) when the consumer splits a label along the
-  axis while this operand is replicated there;
-* every parameter replicated along an axis over which its (first) user splits another
-  label gets its gradient all-reduced there.
+:func:`issued_collectives` is the same rules applied the way ``tensoropt.apply`` runs the
+plan, which differs from what the cost model prices in three ways:
 
-Bytes per collective follow ``apply.measure``: the full buffer on one rank -- the
-all-reduced tensor, the gathered output of an all-gather, the input of a reduce-scatter, the
-input (local shard) of an all-to-all. ``n`` is the tensor's bytes divided by the shards of
-the *other* axes, as in ``costmodel._redistribute_s``.
+* consumers of one tensor that want it in one layout share one move (the cost model prices
+  every edge's move);
+* a tied parameter lives in its first user's layout, so a later user that wants another
+  layout moves it from there (the cost model prices the move as if that copy were
+  replicated); one that wants the same layout moves nothing and reduces the gradient its
+  splits leave partial itself, unless FSDP2 (``replicate`` mode) or a move shared with the
+  first user sums the uses first;
+* the reported loss value is all-reduced (not priced).
 
-Collectives the apply layer issues that the cost model does not price are listed with
-``priced=False``: the reported loss value's all-reduce, and the re-layout of a tied
-parameter for a later user that needs another layout than its first user's.
+The apply tests compare :func:`issued_collectives` with what ``CommDebugMode`` counts.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 
-from .costmodel import TrainingConfig
 from .opgraph import OpGraph
+from .placement import Partial
 from .plan import Plan
-from .execution import batch_statistics_axes, batch_statistics_bytes
-from .strategy import OpConfig, term_placements
+from .strategy import OpConfig, output_placements, term_placements
+from .traffic import (Collective, aligned, edge_collectives, grad_partial, operator_collectives, owners,
+                      relayout_collectives, tied_grad_move, tied_use_collectives, tied_use_label, tied_uses)
+from .training import TrainingConfig
 
-__all__ = ["Collective", "predicted_collectives", "summarize", "compare"]
-
-
-@dataclass(frozen=True)
-class Collective:
-    kind: str            # all_reduce, all_gather, reduce_scatter, all_to_all
-    axis: int            # mesh axis
-    bytes: float         # bytes per step (full buffer on one rank, see module doc)
-    phase: str           # "forward" or "backward"
-    where: str           # e.g. "edge layers.0 -> gelu", "grad layers.0.weight"
-    priced: bool = True  # False: issued by the apply layer, not in the cost model
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["Collective", "predicted_collectives", "issued_collectives", "summarize", "summarize_for_backend",
+           "compare"]
 
 
-def _scale(spec, training: TrainingConfig) -> float:
-    if spec.dtype.startswith("float") or spec.dtype.startswith("bfloat"):
-        return training.activation_itemsize / spec.itemsize
-    return 1.0
-
-
-def _dim(p: str) -> int | None:
-    return int(p[2:-1]) if p.startswith("S(") else None
-
-
-def predicted_collectives(plan: Plan, graph: OpGraph, *, include_unpriced: bool = True,
-                          apply_mode: str | None = None) -> list[Collective]:
-    """Every collective one training step of ``plan`` issues according to the cost model.
-
-    ``graph``: the model's captured OpGraph (``tensoropt.capture.capture`` or
-    ``tensoropt.apply.capture_for_plan``). ``apply_mode``: "replicate" or "dtensor" (how
-    ``tensoropt.apply`` lays the plan out) to add the apply layer's unpriced collectives.
-    """
+def _configs(plan: Plan, graph: OpGraph) -> list[OpConfig]:
+    if plan.stages:
+        raise ValueError("a pipeline plan's collectives are not listed per operator: take one of plan.stages "
+                         "with its stage's graph")
     if [o.name for o in graph.operators] != [o.name for o in plan.ops]:
         raise ValueError("plan and graph list different operators: capture the plan's own model")
-    training = TrainingConfig(plan.training.get("precision", "fp32"), plan.training.get("optimizer", "adam"))
+    return [OpConfig.parse(o.config) for o in plan.ops]
+
+
+def _operator_collectives(plan: Plan, graph: OpGraph, cfgs, training: TrainingConfig) -> list[Collective]:
     shape = tuple(plan.mesh_shape)
-    cfgs = [OpConfig.parse(o.config) for o in plan.ops]
     out: list[Collective] = []
-    bp, bg, _ = training.state_bytes_per_param
-    zero = getattr(plan, "zero_stage", 0) or 0
-    seen_params: set[str] = set()
-    for op, cfg in zip(graph.operators, cfgs):
-        terms, _ = op.terms
-        for t, spec, pname in zip(terms, op.operands, op.param_names):
-            if pname is None or pname in seen_params:
-                continue
-            seen_params.add(pname)
-            local = spec.numel / cfg.shards(t, shape)
-            for axis, s in enumerate(cfg.splits):
-                if s is None or s in t or shape[axis] == 1:
-                    continue
-                if zero == 0:
-                    out.append(Collective("all_reduce", axis, bg * local, "backward", f"grad {pname}"))
-                    continue
-                # ZeRO: reduce-scatter the gradient; all-gather the parameter before forward
-                # (and again before backward at stage 3)
-                out.append(Collective("reduce_scatter", axis, bg * local, "backward", f"grad {pname}"))
-                out.append(Collective("all_gather", axis, bp * local, "forward", f"param {pname}"))
-                if zero == 3:
-                    out.append(Collective("all_gather", axis, bp * local, "backward", f"param {pname}"))
-    for op, cfg in zip(graph.operators, cfgs):
-        stats = batch_statistics_bytes(op, cfg, shape)
-        for a in batch_statistics_axes(op, cfg):
-            if shape[a] > 1:
-                out.append(Collective("all_reduce", a, stats, "forward", f"batch statistics of {op.name}"))
-                out.append(Collective("all_reduce", a, stats, "backward", f"statistics gradients of {op.name}"))
+    for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
+        out += operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0)
+    return out
+
+
+def predicted_collectives(plan: Plan, graph: OpGraph) -> list[Collective]:
+    """Every collective the cost model prices for one training step of ``plan`` (see module
+    doc). ``graph``: the model's captured OpGraph (``tensoropt.capture.capture``)."""
+    cfgs = _configs(plan, graph)
+    training = TrainingConfig.of_plan(plan.training)
+    shape = tuple(plan.mesh_shape)
+    out = _operator_collectives(plan, graph, cfgs, training)
+    for e in graph.edges:
+        out += edge_collectives(graph, e, cfgs[e.src], cfgs[e.dst], shape, training)
+    for i, k in tied_uses(graph):
+        out += tied_use_collectives(graph.operators[i], k, cfgs[i], shape, training)
+    return out
+
+
+def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Collective]:
+    """The collectives ``tensoropt.apply`` issues for one step of ``plan`` laid out in
+    ``apply_mode`` ("replicate" or "dtensor", ``execution.apply_mode``); see the module doc
+    for how they differ from :func:`predicted_collectives`."""
+    if apply_mode not in ("replicate", "dtensor"):
+        raise ValueError(f"apply_mode must be 'replicate' or 'dtensor', got {apply_mode!r}")
+    cfgs = _configs(plan, graph)
+    training = TrainingConfig.of_plan(plan.training)
+    shape = tuple(plan.mesh_shape)
+    out = _operator_collectives(plan, graph, cfgs, training)
     moved: set = set()
     for e in graph.edges:
-        src, dst = graph.operators[e.src], graph.operators[e.dst]
-        s_terms, s_out = src.terms
-        contracted = "".join(c for t in s_terms for c in t if c not in s_out)
+        dst = graph.operators[e.dst]
         d_term = dst.terms[0][e.operand]
-        spec = dst.operands[e.operand]
-        have = term_placements(cfgs[e.src], s_out, contracted)
-        # consumers of one node wanting one layout share the move (tensoropt.apply does)
-        want = term_placements(cfgs[e.dst], d_term)
-        gpart = tuple(s is not None and s not in d_term for s in cfgs[e.dst].splits)
-        node = dst.operand_nodes[e.operand] if dst.operand_nodes else f"{e.src}->{e.dst}:{e.operand}"
-        if (node, want, gpart) in moved:
-            continue
-        moved.add((node, want, gpart))
-        out += _relayout(have, cfgs[e.dst], d_term, spec.nbytes * _scale(spec, training), e.dim_map, shape,
-                         f"edge {src.name} -> {dst.name}[{e.operand}]", True)
-    if include_unpriced:
-        # A tied parameter lives in its first user's layout; a later user needing another
-        # layout re-lays it out like an edge (the cost model charges nothing for it).
-        owner: dict[str, tuple[str, ...]] = {}
-        first_move: dict[str, tuple] = {}
-        for op, cfg in zip(graph.operators, cfgs):
-            for k, (t, spec, pname) in enumerate(zip(op.terms[0], op.operands, op.param_names)):
-                if pname is None:
-                    continue
-                gpart = tuple(s_ is not None and s_ not in t for s_ in cfg.splits)
-                node = op.operand_nodes[k] if op.operand_nodes else None
-                if pname not in owner:
-                    owner[pname] = term_placements(cfg, t)
-                    first_move[pname] = (node, owner[pname], gpart)
-                    continue
-                if owner[pname] == term_placements(cfg, t):
-                    # same layout: the operator-level layout reduces this use's gradient on
-                    # its own where the user leaves it partial (the planner prices that at the
-                    # later user); FSDP2 ("replicate" mode) sums the uses before one reduction,
-                    # and so does the operator-level layout when both uses read the parameter
-                    # through one node (they share the move)
-                    if apply_mode == "replicate" or (node is not None and first_move[pname] == (node, owner[pname], gpart)):
-                        continue
-                    local = spec.numel / cfg.shards(t, shape)
-                    for a, s_ in enumerate(cfg.splits):
-                        if s_ is not None and s_ not in t and shape[a] > 1:
-                            out.append(Collective("all_reduce", a, bg * local, "backward",
-                                                  f"grad of tied {pname} from {op.name}", True))
-                    continue
-                dim_map = tuple(range(len(t)))
-                out += _relayout(owner[pname], cfg, t, spec.nbytes * _scale(spec, training), dim_map, shape,
-                                 f"tied parameter {pname} for {op.name}", False)
-    if include_unpriced and apply_mode is not None and math.prod(shape) > 1:
-        loss_cfg = cfgs[-1]
-        if apply_mode == "replicate":
-            out.append(Collective("all_reduce", -1, 4, "forward", "reported loss value", priced=False))
-        else:
-            last = graph.operators[-1]
-            lt, lo = last.terms
-            contracted = "".join(c for t in lt for c in t if c not in lo)
-            for a, p in enumerate(term_placements(loss_cfg, lo, contracted)):
-                if p == "P" and shape[a] > 1:
-                    out.append(Collective("all_reduce", a, 4, "forward", "reported loss value", priced=False))
+        key = (dst.operand_nodes[e.operand] if dst.operand_nodes else (e.src, e.dst, e.operand),
+               term_placements(cfgs[e.dst], d_term), grad_partial(cfgs[e.dst], d_term))
+        if key not in moved:
+            moved.add(key)
+            out += edge_collectives(graph, e, cfgs[e.src], cfgs[e.dst], shape, training)
+    out += _tied_uses_as_run(graph, cfgs, shape, training, apply_mode)
+    if math.prod(shape) > 1:
+        out += _loss_value(graph, cfgs[-1], shape, apply_mode)
     return out
 
 
-def _relayout(have, dst_cfg: OpConfig, d_term: str, nbytes: float, dim_map, shape, where: str,
-              priced: bool) -> list[Collective]:
-    """The costmodel table for one producer layout -> consumer operand (see module doc)."""
-    out = []
-    want = term_placements(dst_cfg, d_term)
-    gpart = tuple(s is not None and s not in d_term for s in dst_cfg.splits)
-    for a, (h, w) in enumerate(zip(have, want)):
-        p = shape[a]
-        if p == 1:
-            continue
-        others = math.prod(shape[b] for b in range(len(have)) if b != a and want[b].startswith("S"))
-        n = nbytes / others
-        hs, ws = h.startswith("S"), w.startswith("S")
-        dh, dw = _dim(h), _dim(w)
-        aligned = dh is not None and dw is not None and dw < len(dim_map) and dim_map[dw] == dh
-        if h == "R" and ws:
-            out.append(Collective("all_gather", a, n, "backward", where, priced))
-        elif hs and ws and not aligned:
-            out.append(Collective("all_to_all", a, n / p, "forward", where, priced))
-            out.append(Collective("all_to_all", a, n / p, "backward", where, priced))
-        elif hs and w == "R":
-            out.append(Collective("all_gather", a, n, "forward", where, priced))
-        elif h == "P" and w == "R":
-            out.append(Collective("all_reduce", a, n, "forward", where, priced))
-        elif h == "P" and ws:
-            out.append(Collective("reduce_scatter", a, n, "forward", where, priced))
-            out.append(Collective("all_gather", a, n, "backward", where, priced))
-        if gpart[a]:
-            out.append(Collective("reduce_scatter" if hs else "all_reduce", a, n, "backward",
-                                  where + " (partial gradient)", priced))
+def _tied_uses_as_run(graph: OpGraph, cfgs, shape, training: TrainingConfig, apply_mode: str) -> list[Collective]:
+    first: dict[str, tuple] = {}          # parameter -> (its node, layout, partial axes) at its first user
+    for op, cfg in zip(graph.operators, cfgs):
+        for k, pname in enumerate(op.param_names):
+            if pname is not None and pname not in first:
+                t = op.terms[0][k]
+                first[pname] = (op.operand_nodes[k] if op.operand_nodes else None, term_placements(cfg, t),
+                                grad_partial(cfg, t))
+    out: list[Collective] = []
+    for i, k in tied_uses(graph):
+        op, cfg = graph.operators[i], cfgs[i]
+        t, spec, pname = op.terms[0][k], op.operands[k], op.param_names[k]
+        node = op.operand_nodes[k] if op.operand_nodes else None
+        owner = first[pname][1]
+        want, partial = term_placements(cfg, t), grad_partial(cfg, t)
+        if owner != want:
+            moves = relayout_collectives(spec.nbytes * training.scale(spec), owner, want,
+                                         tuple(aligned(h, w, range(len(t))) for h, w in zip(owner, want)),
+                                         partial, shape, tied_use_label(op, k))
+            out += [replace(c, priced=False) for c in moves]
+        elif apply_mode == "dtensor" and (node is None or first[pname] != (node, want, partial)):
+            out += tied_grad_move(op, k, cfg, shape, training)
     return out
+
+
+def _loss_value(graph: OpGraph, cfg: OpConfig, shape, apply_mode: str) -> list[Collective]:
+    """The reported loss value: FSDP2 plans all-reduce it over every rank; operator-level
+    plans over the axes where the loss is left partial."""
+    if apply_mode == "replicate":
+        return [Collective("all_reduce", -1, 4, "forward", "reported loss value", priced=False)]
+    return [Collective("all_reduce", a, 4, "forward", "reported loss value", priced=False)
+            for a, p in enumerate(output_placements(graph.operators[-1], cfg)) if isinstance(p, Partial) and shape[a] > 1]
 
 
 def summarize(colls: list[Collective]) -> dict[str, dict]:
@@ -206,13 +138,10 @@ def summarize(colls: list[Collective]) -> dict[str, dict]:
     return dict(res)
 
 
-def compare(predicted: dict[str, dict], measured: dict[str, dict], *, gloo: bool = True) -> dict[str, dict]:
-    """Per kind: predicted and measured count and bytes and the relative byte error.
-
-    ``gloo``: gloo has no all-to-all; DTensor falls back to all-gather + chunk, whose full
-    buffer is ``p`` times the all-to-all's input: predicted all-to-alls are compared as
-    all-gathers of that size (``p`` unknown here: pass ``predicted`` from
-    :func:`summarize_for_backend`)."""
+def compare(predicted: dict[str, dict], measured: dict[str, dict]) -> dict[str, dict]:
+    """Per kind: predicted and measured count and bytes and the relative byte error
+    (``predicted`` from :func:`summarize_for_backend`, so that all-to-alls are counted as
+    the backend issues them)."""
     kinds = sorted(set(predicted) | set(measured))
     out = {}
     for k in kinds:
@@ -225,10 +154,10 @@ def compare(predicted: dict[str, dict], measured: dict[str, dict], *, gloo: bool
 
 
 def summarize_for_backend(colls: list[Collective], mesh_shape: tuple[int, ...], backend: str = "gloo") -> dict:
-    """Like :func:`summarize`, with all-to-alls as the backend issues them (gloo: all-gather
-    of the full ``n`` bytes)."""
+    """Like :func:`summarize`, with all-to-alls as the backend issues them (gloo has none:
+    DTensor all-gathers the whole ``p`` times larger buffer and keeps its chunk)."""
     if backend != "gloo":
         return summarize(colls)
-    conv = [Collective("all_gather", c.axis, c.bytes * mesh_shape[c.axis], c.phase, c.where, c.priced)
-            if c.kind == "all_to_all" else c for c in colls]
+    conv = [replace(c, kind="all_gather", bytes=c.bytes * mesh_shape[c.axis]) if c.kind == "all_to_all" else c
+            for c in colls]
     return summarize(conv)

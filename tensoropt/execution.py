@@ -28,7 +28,7 @@ def aten_base(aten: str) -> str:
 def batch_statistics_axes(op: Operator, cfg: OpConfig) -> tuple[int, ...]:
     """Mesh axes over which a BatchNorm's configuration splits a dimension its statistics
     reduce over (batch or spatial); () for any other operator. Over these axes the apply
-    layer all-reduces the per-channel sums (``apply._sync_batch_norm``) and the cost model
+    layer all-reduces the per-channel sums (``apply.batch_norm``) and the cost model
     prices that."""
     base = aten_base(op.aten[0]) if op.aten else op.name
     if base not in _BATCH_STAT_NORMS:

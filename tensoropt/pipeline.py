@@ -22,17 +22,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
+from .collectives import send_recv_s
+from .costmodel import CostModel
 from .engine import solve
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
+from .plan import Plan
+from .plan_builder import Candidate, PlanContext, plan_from_assignment
+from .planner import build_problem, peak_bytes
+from .search_options import Deadline, SearchOptions
+from .space import SearchSpace
 
 __all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
-           "pipeline_plans", "pipeline_candidates", "Candidate"]
+           "pipeline_plans", "pipeline_candidates", "pipeline_search", "Candidate", "check_pipeline", "sub_graph",
+           "boundary_bytes", "stage_cluster"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
@@ -167,30 +175,37 @@ def compose_stages(fronts: list[np.ndarray], scale: float, p2p_s: float) -> tupl
     return pts[keep], np.array([picks[k] for k in keep])
 
 
-def pipeline_plans(*args, **kw) -> list:
+def pipeline_plans(*args, **kw) -> list[Plan]:
     """The frontier plans of one (stage count, micro-batch count) choice (see
     :func:`pipeline_candidates`)."""
     return [c.build() for c in pipeline_candidates(*args, **kw)]
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A composite pipeline point, priced; its :class:`~tensoropt.plan.Plan` is built on demand
-    (a search keeps only the points that survive the global frontier)."""
-    time_s: float
-    memory_bytes: float
-    peak_bytes: float                    # its plan's ``peak_memory_bytes``: the largest stage peak
-    build: Callable[[], Any]
+def pipeline_search(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: Cluster, space: SearchSpace,
+                    cost_for: Callable[[Mesh], CostModel], options: SearchOptions,
+                    deadline: Deadline) -> list[Candidate]:
+    """The frontier points of every stage count that divides both the blocks and the devices,
+    and every micro-batch count of it (:func:`microbatch_counts`); ``ctx.graph`` is the model
+    at the global batch, ``recapture(b)`` the model at batch ``b``."""
+    graph = ctx.graph
+    out: list[Candidate] = []
+    if not graph.blocks or cluster.world_size <= 1:
+        return out
+    for p in stage_counts(len(graph.blocks), cluster.world_size):
+        for m in microbatch_counts(graph.batch_size, p):
+            remaining = deadline.remaining_s()
+            with deadline.solving(f"{p} pipeline stages, {m} micro-batches"):
+                out += pipeline_candidates(replace(ctx, graph=recapture(graph.batch_size // m)), cluster, p, m,
+                                           cost_for, space, options.recompute, remaining)
+    return out
 
 
-def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microbatches: int, cost_for, training,
-                        signature: str, devices: str, epsilon: float, space, recompute: bool,
-                        time_limit_s=None) -> list[Candidate]:
-    """The frontier points of one (stage count, micro-batch count) choice; ``mb_graph`` is the
-    model captured at the micro-batch size."""
-    from .collectives import send_recv_s
-    from .planner import build_problem, peak_bytes
-
+def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int,
+                        cost_for: Callable[[Mesh], CostModel], space: SearchSpace, recompute: bool,
+                        time_limit_s: float | None = None) -> list[Candidate]:
+    """The frontier points of one (stage count, micro-batch count) choice; ``ctx.graph`` is
+    the model captured at the micro-batch size."""
+    mb_graph = ctx.graph
     check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
     sub, link = stage_cluster(cluster, stages)
     specs = split_stages(mb_graph, stages)
@@ -204,15 +219,15 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
             problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                     activation_factor=spec.in_flight, comm_factor=1.0 / scale,
                                     batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
-            res = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=False,
+            res = solve(problem.cost_graph, epsilon=ctx.epsilon, time_limit_s=time_limit_s, progress=False,
                         block_groups=space.block_groups)
             fronts.append(res.points)
             solved.append((g, problem, res))
         # activations cross each boundary forward and their gradients backward, each device
         # sending its share
-        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm._scale) / mesh.size, 2,
+        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm._scale, mesh.size)
+        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
         fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
         # stages compose on their peaks, each stage's as its plan will state it
         peaks = [np.column_stack([f[:, 0], peak_bytes(problem, g, res.assignments, f[:, 1], microbatches)])
@@ -220,21 +235,18 @@ def pipeline_candidates(mb_graph: OpGraph, cluster: Cluster, stages: int, microb
         points, picks = compose_stages(peaks, scale, p2p)
         for (t, peak), pick in zip(points, picks):
             m = max(f[k, 1] for f, k in zip(fronts, pick))
-            build = partial(_build_plan, mb_graph, sub, link, mesh, cm, specs, solved, tuple(pick), float(t),
-                            float(m), p2p, stages, microbatches, training, signature, devices, epsilon, buffers)
+            build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), float(m), p2p,
+                            stages, microbatches, buffers)
             out.append(Candidate(float(t), float(m), float(peak), build))
     return out
 
 
-def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, stages, microbatches, training,
-                signature, devices, epsilon, buffers):
-    from .plan import Plan
-    from .search import _Context, plan_from_assignment
-
+def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved, pick, t: float, m: float,
+                p2p: float, stages: int, microbatches: int, buffers) -> Plan:
+    mb_graph = ctx.graph
     stage_plans = []
     for spec, (g, problem, res), k, held in zip(specs, solved, pick, buffers):
-        ctx = _Context(g, sub, cm, signature, epsilon, devices)
-        sp = plan_from_assignment(ctx, problem, res.assignments[k], label=f"stage {spec.index}",
+        sp = plan_from_assignment(replace(ctx, graph=g), problem, res.assignments[k], label=f"stage {spec.index}",
                                   microbatches=microbatches)
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
@@ -245,10 +257,13 @@ def _build_plan(mb_graph, sub, link, mesh, cm, specs, solved, pick, t, m, p2p, s
     summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
     if any(sp.recompute for sp in stage_plans):
         summary += " rc"
-    return Plan(mb_graph.name, devices, (stages, *mesh.shape), (link.name, *(l.name for l in mesh.links)),
-                t, m, summary, tuple(o for sp in stage_plans for o in sp.ops), breakdown,
-                {"precision": training.precision, "optimizer": training.optimizer,
-                 "batch_size": mb_graph.batch_size * microbatches},
-                signature, "", epsilon, 0, tuple(r for sp in stage_plans for r in sp.recompute),
-                tuple(stage_plans), microbatches,
+    training = ctx.training
+    return Plan(model=mb_graph.name, devices=ctx.devices, mesh_shape=(stages, *mesh.shape),
+                mesh_links=(link.name, *(lk.name for lk in mesh.links)), time_s=t, memory_bytes=m, summary=summary,
+                ops=tuple(o for sp in stage_plans for o in sp.ops), breakdown=breakdown,
+                training={"precision": training.precision, "optimizer": training.optimizer,
+                          "batch_size": mb_graph.batch_size * microbatches},
+                param_signature=ctx.param_signature, label="", epsilon=ctx.epsilon, zero_stage=0,
+                recompute=tuple(r for sp in stage_plans for r in sp.recompute), stages=tuple(stage_plans),
+                microbatches=microbatches,
                 inputs=rebatch_spec(mb_graph.inputs, mb_graph.batch_size, mb_graph.batch_size * microbatches))

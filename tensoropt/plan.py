@@ -16,7 +16,7 @@ __all__ = ["Plan", "OpChoice", "PLAN_FORMAT"]
 PLAN_FORMAT = "tensoropt.plan/1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OpChoice:
     name: str
     module: str
@@ -24,13 +24,13 @@ class OpChoice:
     config: str              # per mesh axis the label split over it, "-" = replicated; e.g. "b,n"
     placements: str          # output placement per mesh axis, e.g. "S(0),S(2)"
     compute_s: float
-    comm_s: float            # parameter-gradient all-reduce of this operator
-    relayout_s: float        # re-layout of this operator's inputs (edges into it)
+    comm_s: float            # its own collectives: gradient reductions, ZeRO gathers, BatchNorm statistics
+    relayout_s: float        # re-layout of its inputs (edges into it) and of the tied parameters it uses again
     param_bytes: float       # parameters + gradients + optimizer state of its local shard
     activation_bytes: float  # saved for backward
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     model: str
     devices: str

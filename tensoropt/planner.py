@@ -1,9 +1,14 @@
-"""From an operator graph on one mesh to a cost graph, and back from assignments to plans.
+"""From an operator graph on one mesh to a cost graph, and what an assignment of it holds at
+the step's peak.
 
 ``build_problem`` enumerates every operator's configurations (``strategy``), prices them
-and every edge (``costmodel``) and hands the engine a plain :class:`CostGraph`, with the
-graph's identical blocks declared so the engine composes them by repeated squaring.
-Operators with identical shapes and roles share one cost computation.
+and every edge (``costmodel``) and the later uses of tied parameters (``traffic``), and hands
+the engine a plain :class:`CostGraph` with the graph's identical blocks declared, so that the
+engine solves one block and folds the chain of blocks one block at a time
+(``engine.blocks``). Operators with identical shapes and roles share one cost computation.
+``transient_bytes``, ``peak_bytes``, ``replicate_held_bytes`` and ``step_input_bytes`` give
+an assignment's rise above the cost graph's end-of-forward memory; ``plan_builder`` turns an
+assignment into a plan.
 
 Activation recomputation is one more node per recompute unit (each repeated block's module,
 ``OpGraph.block_modules``; in a graph without blocks each ``layers.<i>`` module),
@@ -27,6 +32,7 @@ from .execution import runs_replicated
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
+from .traffic import owners, tied_use_moves, tied_uses
 
 __all__ = ["MeshProblem", "build_problem", "owners", "peak_bytes", "recompute_units", "replicate_held_bytes",
            "returned_ops", "step_input_bytes", "transient_bytes"]
@@ -70,18 +76,6 @@ def _skips(graph: OpGraph) -> tuple[tuple[int, int], ...]:
     for e in graph.edges:
         last[e.src] = max(last.get(e.src, e.dst), e.dst)
     return tuple((s, d) for s, d in sorted(last.items()) if d > s + 1)
-
-
-def owners(graph: OpGraph) -> list[bool]:
-    """Per operator: whether it is the first user of all its parameters (tied weights are
-    charged once)."""
-    seen: set[str] = set()
-    out = []
-    for op in graph.operators:
-        names = [p for p in op.param_names if p is not None]
-        out.append(not any(p in seen for p in names))
-        seen.update(names)
-    return out
 
 
 def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
@@ -324,38 +318,16 @@ def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment, microbatc
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:
-    """A later user of a tied parameter (lm_head using tok_emb.weight) works on the first
-    user's copy. Its layout moves are priced as if that copy were replicated: slicing is
-    free forward, the gradient of a sharded use is gathered back, and a gradient left partial
-    by this user's own splits is all-reduced. (An edge to the first
-    user would price it exactly, but that edge spans every block in between and breaks the
-    chain the engine composes: a tenfold slower search on GPT-2.)"""
-    from .strategy import term_placements
-
-    seen: set[str] = set()
+    """Per later user of a tied parameter (lm_head using tok_emb.weight), per configuration:
+    the time of its moves (``traffic.tied_use_moves``: as if the first user's copy were
+    replicated). An edge to the first user would price it exactly, but that edge spans every
+    block in between and breaks the chain the engine folds: a tenfold slower search on GPT-2."""
     out: dict[int, np.ndarray] = {}
-    replicated = ("R",) * mesh.ndim
-    none = (False,) * mesh.ndim
-    for i, op in enumerate(graph.operators):
-        terms, _ = op.terms
-        for k, pname in enumerate(op.param_names):
-            if pname is None:
-                continue
-            if pname not in seen:
-                seen.add(pname)
-                continue
-            spec = op.operands[k]
-            nbytes = spec.nbytes * cost_model._scale(spec)
-            _, bg, _ = cost_model.training.state_bytes_per_param
-            times = []
-            for c in configs[i]:
-                t = cost_model.redistribute_s(nbytes, replicated, term_placements(c, terms[k]), none, none, mesh)
-                # its gradient is partial where this user splits another label
-                grad = bg * spec.numel / c.shards(terms[k], mesh.shape)
-                t += sum(cost_model.collectives.time_s("all_reduce", grad, mesh, a)
-                         for a, s_ in enumerate(c.splits) if s_ is not None and s_ not in terms[k])
-                times.append(t)
-            out[i] = out.get(i, 0.0) + np.array(times)
+    for i, k in tied_uses(graph):
+        op = graph.operators[i]
+        times = [cost_model.price(tied_use_moves(op, k, c, mesh.shape, cost_model.training), mesh)
+                 for c in configs[i]]
+        out[i] = out.get(i, 0.0) + np.array(times)
     return out
 
 
@@ -367,7 +339,7 @@ def _unit_input_bytes(op: Operator, cfgs, mesh: Mesh, cost_model: CostModel) -> 
         return [0.0] * len(cfgs)
     k = acts[0]
     spec = op.operands[k]
-    return [spec.nbytes * cost_model._scale(spec) / c.shards(terms[k], mesh.shape) for c in cfgs]
+    return [spec.nbytes * cost_model.training.scale(spec) / c.shards(terms[k], mesh.shape) for c in cfgs]
 
 
 def _blocks_with_units(blocks, units, n_ops: int):

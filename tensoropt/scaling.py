@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .budget import InfeasibleBudget, budget_bytes, within_budget
+from .frontiers import Frontier
 from .plan import Plan
 from .units import format_bytes
 
@@ -48,7 +50,7 @@ class ScalingFrontier:
     """Per device count its frontier, and the merged three-objective frontier."""
     model: str
     device: str
-    frontiers: dict[int, "object"]             # device count -> Frontier
+    frontiers: dict[int, Frontier]             # device count -> Frontier
     plans: list[Plan] = field(default_factory=list)
 
     @staticmethod
@@ -84,18 +86,17 @@ class ScalingFrontier:
         return pd.DataFrame(rows)
 
     def best(self, memory_budget=None, max_devices: int | None = None, objective: str = "time") -> Plan:
-        """The best plan whose memory fits ``memory_budget`` (default: the device's memory)
-        on at most ``max_devices``: fastest (``objective="time"``) or cheapest in device-hours."""
-        from .search import InfeasibleBudget, _budget_bytes
-
+        """The best plan whose peak memory fits ``memory_budget`` (default: the device's memory;
+        see :mod:`tensoropt.budget`) on at most ``max_devices``: fastest (``objective="time"``)
+        or cheapest in device-hours."""
         if objective not in ("time", "device_hours"):
             raise ValueError(f"objective must be 'time' or 'device_hours', got {objective!r}")
         any_f = next(iter(self.frontiers.values()))
-        budget = any_f.device_memory_bytes if memory_budget is None else _budget_bytes(memory_budget)
+        budget = any_f.device_memory_bytes if memory_budget is None else budget_bytes(memory_budget)
         pool = [p for p in self.plans if max_devices is None or p.world_size <= max_devices]
         if not pool:
             raise ValueError(f"no device count <= {max_devices} was searched; counts: {sorted(self.frontiers)}")
-        fits = [p for p in pool if p.peak_memory_bytes <= budget]
+        fits = within_budget(pool, budget)
         if not fits:
             least = min(pool, key=lambda p: p.peak_memory_bytes)
             raise InfeasibleBudget(

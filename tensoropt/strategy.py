@@ -3,11 +3,11 @@
 A configuration says, for every mesh axis, which label of the operator's equation is
 split over that axis, or ``None`` (the operator is replicated along it). A label may be
 split over several axes (its size must divide by their product). From a configuration
-follow the layouts of every term, in DTensor's vocabulary, one placement per mesh axis:
+follow the layouts of every term, one :mod:`~tensoropt.placement` per mesh axis:
 
-* ``S(d)`` — the axis splits a label at position ``d`` of the term;
-* ``P``    — output only: the axis splits a contracted label (partial sums);
-* ``R``    — otherwise.
+* ``Shard(d)``  — the axis splits a label at position ``d`` of the term;
+* ``Partial()`` — output only: the axis splits a contracted label (partial sums);
+* ``Replicate()`` — otherwise.
 
 Which labels an operator may split is the operator's own ``splittable`` set (from
 capture) narrowed by family (:data:`_FAMILY_LABELS`): matrix-unit operators split the
@@ -27,8 +27,10 @@ from typing import Callable
 
 from .mesh import Mesh
 from .opgraph import Operator
+from .placement import PARTIAL, REPLICATE, Placement, Shard
 
-__all__ = ["OpConfig", "enumerate_configs", "label_sizes", "term_placements", "splittable_labels"]
+__all__ = ["OpConfig", "enumerate_configs", "label_sizes", "term_placements", "output_placements", "contracted_labels",
+           "splittable_labels"]
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,28 @@ def enumerate_configs(op: Operator, mesh: Mesh) -> list[OpConfig]:
     return out
 
 
-def term_placements(cfg: OpConfig, labels: str, contracted: str = "") -> tuple[str, ...]:
-    """Placement per mesh axis of a term with ``labels``; ``contracted`` (outputs only) gives "P"."""
+def term_placements(cfg: OpConfig, labels: str, contracted: str = "") -> tuple[Placement, ...]:
+    """Placement per mesh axis of a term with ``labels``; ``contracted`` (outputs only) gives
+    ``Partial()``."""
     out = []
     for s in cfg.splits:
         if s is not None and s in labels:
-            out.append(f"S({labels.index(s)})")
+            out.append(Shard(labels.index(s)))
         elif s is not None and s in contracted:
-            out.append("P")
+            out.append(PARTIAL)
         else:
-            out.append("R")
+            out.append(REPLICATE)
     return tuple(out)
+
+
+def contracted_labels(op: Operator) -> str:
+    """The labels of ``op``'s operands that its output lacks (reduced: split, they leave
+    partial sums), each once, in equation order."""
+    terms, out = op.terms
+    return "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
+
+
+def output_placements(op: Operator, cfg: OpConfig) -> tuple[Placement, ...]:
+    """Placement per mesh axis of ``op``'s output in ``cfg`` (``Partial()`` where a contracted
+    label is split)."""
+    return term_placements(cfg, op.terms[1], contracted_labels(op))

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensoropt
     from tensoropt.apply import PipelineRunner, parallelize, train_step
     from tensoropt.models import example_inputs, get_model
-    from tensoropt.search import InfeasibleBudget
+    from tensoropt.budget import InfeasibleBudget
     from tensoropt.units import format_bytes
 
     if "RANK" not in os.environ:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import tensoropt
-from tensoropt.costmodel import CostModel, TrainingConfig
+from tensoropt.costmodel import CostModel
+from tensoropt.training import TrainingConfig
 from tensoropt.engine import solve
 from tensoropt.engine.reference import brute_force_frontier
 from tensoropt.hardware import get_device
@@ -15,7 +16,8 @@ from tensoropt.models import example_inputs, get_model
 from tensoropt.capture import capture
 from tensoropt.planner import build_problem, recompute_units
 from tensoropt.scaling import ScalingFrontier, device_counts, parse_scaling
-from tensoropt.search import InfeasibleBudget, distinct_meshes
+from tensoropt.budget import InfeasibleBudget
+from tensoropt.space import distinct_meshes
 
 
 @pytest.fixture(scope="module")
@@ -179,15 +181,17 @@ def test_stage_composition_equals_brute_force():
 
 
 def test_pipeline_plans_follow_the_1f1b_formulas():
-    from tensoropt.search import _capture, _cost_models
+    from tensoropt.capture.recapture import capture_model
     from tensoropt.plan import Plan
+    from tensoropt.plan_builder import PlanContext
+    from tensoropt.pricing import cost_models
     from tensoropt.space import SearchSpace
 
-    g, _, recapture = _capture("gpt-tiny", None, None)
+    g, _, recapture = capture_model("gpt-tiny")
     cluster = parse_devices("4xA100-80GB")
     training = TrainingConfig("bf16-mixed")
-    plans = pipeline_plans(recapture(2), cluster, 2, 4, _cost_models(cluster, training, None), training,
-                           "sig", "4xA100-80GB", 0.0, SearchSpace(max_mesh_dims=1), True)
+    ctx = PlanContext(recapture(2), training, "sig", 0.0, "4xA100-80GB")
+    plans = pipeline_plans(ctx, cluster, 2, 4, cost_models(cluster, training), SearchSpace(max_mesh_dims=1), True)
     assert plans and all(p.mesh_shape[0] == 2 and p.microbatches == 4 and len(p.stages) == 2 for p in plans)
     for p in plans:
         slowest = max(s.time_s for s in p.stages)

@@ -14,7 +14,7 @@ from tensoropt.capture import CaptureError
 from tensoropt.cli import main as cli_main
 from tensoropt.models import example_inputs, get_model
 from tensoropt.plan import Plan
-from tensoropt.search import InfeasibleBudget
+from tensoropt.budget import InfeasibleBudget
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from tensoropt.costmodel import CostModel, NodeCost, _relayout_forward_bytes, _r
 from tensoropt.execution import runs_replicated
 from tensoropt.hardware import get_device
 from tensoropt.models import example_inputs, get_model
+from tensoropt.placement import parse_placements as L
 from tensoropt.planner import MeshProblem, build_problem, replicate_held_bytes, step_input_bytes, transient_bytes
 from tensoropt.strategy import OpConfig
 
@@ -85,12 +86,12 @@ def test_layout_move_buffers_follow_the_backend():
     nccl = Mesh((4,), ("m0",), (get_link("nvlink4"),))
     n = 4096.0
     # all-to-all: gloo gathers the whole tensor and concatenates; a native one a local buffer
-    assert _relayout_transient_bytes(n, ("S(0)",), ("S(1)",), (False,), gloo) == pytest.approx(2 * n + n / 4)
-    assert _relayout_transient_bytes(n, ("S(0)",), ("S(1)",), (False,), nccl) == pytest.approx(2 * n / 4)
+    assert _relayout_transient_bytes(n, L("S(0)"), L("S(1)"), (False,), gloo) == pytest.approx(2 * n + n / 4)
+    assert _relayout_transient_bytes(n, L("S(0)"), L("S(1)"), (False,), nccl) == pytest.approx(2 * n / 4)
     # a slice's gradient is gathered whole; an aligned or unchanged layout moves nothing
-    assert _relayout_transient_bytes(n, ("R",), ("S(0)",), (False,), nccl) == pytest.approx(n + n / 4)
-    assert _relayout_transient_bytes(n, ("S(0)",), ("S(0)",), (True,), gloo) == 0.0
-    assert _relayout_transient_bytes(n, ("R",), ("R",), (False,), gloo) == 0.0
+    assert _relayout_transient_bytes(n, L("R"), L("S(0)"), (False,), nccl) == pytest.approx(n + n / 4)
+    assert _relayout_transient_bytes(n, L("S(0)"), L("S(0)"), (True,), gloo) == 0.0
+    assert _relayout_transient_bytes(n, L("R"), L("R"), (False,), gloo) == 0.0
 
 
 def test_forward_layout_moves_hold_what_dtensor_allocates():
@@ -99,12 +100,12 @@ def test_forward_layout_moves_hold_what_dtensor_allocates():
     gloo = Mesh((4,), ("m0",), (get_link("gloo-loopback"),))
     n = 4096.0
     # DTensor gathers along dimension 0: another dimension is concatenated from the chunks
-    assert _relayout_forward_bytes(n, ("S(0)",), ("R",), (False,), gloo) == pytest.approx(n)
-    assert _relayout_forward_bytes(n, ("S(2)",), ("R",), (False,), gloo) == pytest.approx(2 * n)
-    assert _relayout_forward_bytes(n, ("P",), ("R",), (False,), gloo) == pytest.approx(n)
-    assert _relayout_forward_bytes(n, ("P",), ("S(0)",), (False,), gloo) == pytest.approx(n / 4)
-    assert _relayout_forward_bytes(n, ("R",), ("S(1)",), (False,), gloo) == pytest.approx(n / 4)
-    assert _relayout_forward_bytes(n, ("S(1)",), ("S(1)",), (True,), gloo) == 0.0
+    assert _relayout_forward_bytes(n, L("S(0)"), L("R"), (False,), gloo) == pytest.approx(n)
+    assert _relayout_forward_bytes(n, L("S(2)"), L("R"), (False,), gloo) == pytest.approx(2 * n)
+    assert _relayout_forward_bytes(n, L("P"), L("R"), (False,), gloo) == pytest.approx(n)
+    assert _relayout_forward_bytes(n, L("P"), L("S(0)"), (False,), gloo) == pytest.approx(n / 4)
+    assert _relayout_forward_bytes(n, L("R"), L("S(1)"), (False,), gloo) == pytest.approx(n / 4)
+    assert _relayout_forward_bytes(n, L("S(1)"), L("S(1)"), (True,), gloo) == 0.0
 
 
 def _unit_problem(move: float) -> MeshProblem:

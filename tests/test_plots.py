@@ -113,7 +113,7 @@ def test_strategy_map(tiny_8, tmp_path, blocks):
     _png(ax, tmp_path)
     img = ax.get_images()[0].get_array()
     assert img.shape[1] == min(12, len(tiny_8))
-    table = plots.strategy_table([tiny_8.plans[i] for i in plots._spread(len(tiny_8), 12)], blocks=blocks)
+    table = plots.strategy_table([tiny_8.plans[i] for i in plots.style.spread(len(tiny_8), 12)], blocks=blocks)
     assert img.shape[0] >= len(table)
     names = [t.get_text() for t in ax.get_yticklabels()]
     n_ops = len(tiny_8.plans[0].ops)

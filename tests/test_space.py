@@ -9,7 +9,7 @@ import pytest
 import tensoropt
 from tensoropt.capture.rebatch import interpolator
 from tensoropt.mesh import parse_devices
-from tensoropt.search import _capture
+from tensoropt.capture.recapture import capture_model
 from tensoropt.space import COARSE_ABOVE, SearchSpace
 
 
@@ -48,7 +48,7 @@ def test_coarse_frontier_splits_only_the_batch_across_nodes():
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "cnn-tiny", "bert-tiny"])
 def test_graph_at_another_batch_equals_a_fresh_capture(name):
-    graph, _, recapture = _capture(name, None, None)
+    graph, _, recapture = capture_model(name)
     b = graph.batch_size
     half = recapture(b // 2)                 # a real capture: it fits the interpolation
     assert recapture.at is not None
@@ -58,11 +58,11 @@ def test_graph_at_another_batch_equals_a_fresh_capture(name):
 
 
 def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
-    tiny, _, _ = _capture("gpt-tiny", None, None)
-    llama, _, _ = _capture("llama-tiny", None, None)
+    tiny, _, _ = capture_model("gpt-tiny")
+    llama, _, _ = capture_model("llama-tiny")
     assert interpolator(tiny, llama) is None
     assert interpolator(tiny, tiny) is None           # one batch size fixes nothing
-    graph, _, recapture = _capture("gpt-tiny", None, None)
+    graph, _, recapture = capture_model("gpt-tiny")
     recapture(graph.batch_size // 2)
     assert recapture.at(1) is None                    # batch 1 is always captured for real
 
@@ -70,7 +70,7 @@ def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
 def test_zoo_model_with_given_inputs_keeps_their_sequence_length_at_other_batches():
     from tensoropt.models import example_inputs
 
-    graph, _, recapture = _capture("gpt-tiny", example_inputs("gpt-tiny", 8, seq_len=8), None)
+    graph, _, recapture = capture_model("gpt-tiny", example_inputs("gpt-tiny", 8, seq_len=8), None)
     half = recapture(4)
     assert graph.operators[0].operands[0].shape == (8, 8)
     assert half.operators[0].operands[0].shape == (4, 8)        # not the zoo default of 16

@@ -54,7 +54,7 @@ FLOPs
     operator's aten ops forward and backward on meta tensors (so matmul-like backward is
     2x forward when input and weight both need grads, 1x when only one does; fused attention
     backward counts 2.5x). Ops the counter doesn't count use per-element estimates
-    (``_build.ELEMENTWISE_FLOPS`` etc.) with backward = forward x ``NONMATMUL_BWD_RATIO``.
+    (``builder.ELEMENTWISE_FLOPS`` etc.) with backward = forward x ``NONMATMUL_BWD_RATIO``.
 
 Saved activations
     The same meta run records what autograd saves (``saved_tensors_hooks``), matched to
@@ -83,8 +83,8 @@ from typing import Any
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..opgraph import OpGraph, Operator
-from ._build import Builder
-from ._program import Program, program_from_export
+from .builder import Builder
+from .program import Program, program_from_export
 from ._blocks import find_blocks, resolve_saved
 from .inputs import batch_size_of, input_spec, loss_of, split_inputs, training_kwargs
 

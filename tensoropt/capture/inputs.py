@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from ..opgraph import rebatch_spec
 
-__all__ = ["split_inputs", "input_spec", "inputs_from_spec", "rebatch", "loss_of", "batch_size_of",
+__all__ = ["split_inputs", "example_call", "input_spec", "inputs_from_spec", "rebatch", "loss_of", "batch_size_of",
            "bind_call", "forward_signature", "training_kwargs", "rebatch_spec", "replace_loss"]
 
 Args = tuple
@@ -82,6 +82,36 @@ def rebatch(args: Args, kwargs: Kwargs, batch: int, b: int) -> tuple[Args, Kwarg
             return torch.empty((b, *x.shape[1:]), dtype=x.dtype, device="meta")
         return x
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def example_call(inputs: Any = None, *, zoo: str | None = None, batch: int | None = None, at: int | None = None,
+                 overrides: dict | None = None, meta: bool = False) -> tuple[Args, Kwargs]:
+    """The (args, kwargs) to capture a model with at batch ``at``.
+
+    Given example ``inputs`` (positional, keyword or one tensor) whose batch is ``batch``:
+    those inputs (as meta tensors with ``meta``), every tensor whose dim 0 is ``batch`` cut to
+    ``at`` (other dims, such as a sequence length, are kept). Without inputs: the example
+    inputs of the zoo model ``zoo`` at ``at`` (its default batch when None) on meta, for its
+    config with ``overrides`` where the zoo takes them."""
+    if inputs is not None:
+        args, kwargs = split_inputs(inputs)
+        if meta:
+            def to_meta(x):
+                return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+            args, kwargs = tuple(to_meta(a) for a in args), {k: to_meta(v) for k, v in kwargs.items()}
+        if at is not None and batch and at != batch:
+            args, kwargs = rebatch(args, kwargs, batch, at)
+        return args, kwargs
+    if zoo is None:
+        raise ValueError("no example inputs: pass inputs= (meta tensors are fine) or use a zoo model name")
+    from ..models import example_inputs
+
+    if overrides:
+        try:
+            return tuple(example_inputs(zoo, at, device="meta", **overrides)), {}
+        except (TypeError, ValueError):
+            pass                        # config fields the zoo's inputs do not take
+    return tuple(example_inputs(zoo, at, device="meta")), {}
 
 
 def batch_size_of(args: Args, kwargs: Kwargs) -> int:

@@ -7,58 +7,15 @@ Read as a matrix over joint X configurations, the chain of blocks 1..L-1 is A^(L
 under (∪, ⊕). The solver (``solver._ChainBuilder``) applies it to the factor of
 everything before the chain one block at a time: exact frontiers widen with every block,
 and a vector-matrix product costs K_X times less than the matrix-matrix products of
-repeated squaring at the same widths. This module checks and lays out the blocks.
+repeated squaring at the same widths. This module lays out the blocks (``CostGraph.build``
+checks that they are identical).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from .costgraph import CostGraph
-
-
-def check_blocks(graph: CostGraph) -> None:
-    """Raise ValueError unless the declared blocks really are identical copies."""
-    blocks = graph.blocks
-    if len(blocks) < 2:
-        return
-    size = len(blocks[0])
-    seen: set[int] = set()
-    for b, block in enumerate(blocks):
-        if len(block) != size or size == 0:
-            raise ValueError(f"block {b} has {len(block)} nodes, block 0 has {size}")
-        for v in block:
-            if not 0 <= v < graph.n_nodes:
-                raise ValueError(f"block {b}: node index {v} out of range")
-            if v in seen:
-                raise ValueError(f"block {b}: node {graph.names[v]!r} is in two blocks")
-            seen.add(v)
-    for p in range(size):
-        ref = graph.node_costs[blocks[0][p]]
-        for b, block in enumerate(blocks[1:], 1):
-            if not np.array_equal(graph.node_costs[block[p]], ref):
-                raise ValueError(
-                    f"blocks are not identical: node {graph.names[block[p]]!r} (block {b}) differs "
-                    f"from {graph.names[blocks[0][p]]!r} (block 0)"
-                )
-    where = {v: (b, p) for b, block in enumerate(blocks) for p, v in enumerate(block)}
-    inside: dict[tuple[int, int, int], list[np.ndarray]] = {}
-    for (u, v), table in graph.edge_costs.items():
-        if u in where and v in where:
-            (bu, pu), (bv, pv) = where[u], where[v]
-            inside.setdefault((bv - bu, pu, pv), []).append((bu, table))
-    for (gap, pu, pv), found in inside.items():
-        expected = len(blocks) - abs(gap)
-        if gap in (0, 1) and len(found) != expected:
-            raise ValueError(
-                f"blocks are not identical: edge between positions {pu}->{pv} (block gap {gap}) "
-                f"appears {len(found)} times, expected {expected}"
-            )
-        for b, table in found[1:]:
-            if not np.array_equal(table, found[0][1]):
-                raise ValueError(f"blocks are not identical: edge table at positions {pu}->{pv} differs in block {b}")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gpt import FeedForward, SelfAttention, _init_transformer
+from .gpt import FeedForward, SelfAttention, init_transformer
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Bert(nn.Module):
         """(Re-)tie embeddings and initialise every parameter; a no-op on meta."""
         self.tie_weights()
         std = self.config.init_std
-        _init_transformer(self, std, std, ())
+        init_transformer(self, std, std, ())
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]

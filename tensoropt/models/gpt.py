@@ -112,7 +112,7 @@ class GPTBlock(nn.Module):
         return x
 
 
-def _init_transformer(model: nn.Module, std: float, residual_std: float,
+def init_transformer(model: nn.Module, std: float, residual_std: float,
                       residual_names: tuple[str, ...]) -> None:
     """Deterministic init: Linear/Embedding ~ N(0, std) (residual output
     projections N(0, residual_std)), biases 0, norm weights 1. Meta tensors are
@@ -160,7 +160,7 @@ class GPT(nn.Module):
         Call after ``to_empty()`` (which breaks weight tying)."""
         self.tie_weights()
         std = self.config.init_std
-        _init_transformer(self, std, std / math.sqrt(2 * self.config.n_layers), ("o_proj", "fc2"))
+        init_transformer(self, std, std / math.sqrt(2 * self.config.n_layers), ("o_proj", "fc2"))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gpt import _init_transformer
+from .gpt import init_transformer
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ class Llama(nn.Module):
         """(Re-)tie (if configured) and initialise every parameter; a no-op on meta."""
         self.tie_weights()
         std = self.config.init_std
-        _init_transformer(self, std, std / math.sqrt(2 * self.config.n_layers),
+        init_transformer(self, std, std / math.sqrt(2 * self.config.n_layers),
                           ("o_proj", "down_proj"))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..collectives import _FORMULAS
+from ..collectives import FORMULAS
 from .data import FittedCollective, FittedCurve, GroupFit
 
 __all__ = ["ComputePoint", "CollectivePoint", "fit_efficiency_curve", "fit_collective", "curve_time_s",
@@ -177,9 +177,9 @@ def _finish(F, B, T, e, fh, o, peak, mem, overhead_resolved) -> FittedCurve:
 
 def collective_factors(kind: str, group_size: int) -> tuple[float, float]:
     """(steps, factor) with t = steps·α + factor·n/B, read off collectives.py's formula."""
-    if kind not in _FORMULAS:
-        raise FitError(f"unknown collective kind {kind!r}; known: {', '.join(_FORMULAS)}")
-    f = _FORMULAS[kind]
+    if kind not in FORMULAS:
+        raise FitError(f"unknown collective kind {kind!r}; known: {', '.join(FORMULAS)}")
+    f = FORMULAS[kind]
     steps = f(1.0, group_size, 1.0, _HUGE_BANDWIDTH)
     factor = f(1.0, group_size, 0.0, 1.0)
     return steps, factor

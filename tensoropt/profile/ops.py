@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["OpCase", "op_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops"]
+__all__ = ["OpCase", "op_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops", "linear_builder"]
 
 #: families the sweep covers (every family of the operator graph)
 FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
@@ -24,13 +24,11 @@ _INDEX_BYTES = 8          # int64 indices / targets
 
 def per_element_flops() -> dict[str, float]:
     """Forward FLOPs per element of the non-matmul families, as the graph capture counts them."""
-    try:
-        from ..capture import _build as b
-        return {"elementwise": b.ELEMENTWISE_FLOPS, "norm": b.NORM_FLOPS, "softmax": b.SOFTMAX_FLOPS,
-                "reduction": b.REDUCTION_FLOPS, "pool": b.POOL_FLOPS, "loss": b.LOSS_FLOPS,
-                "embedding": b.EMBEDDING_FLOPS}
-    except (ImportError, AttributeError):   # the capture module moved: same figures, copied
-        return {"elementwise": 1, "norm": 5, "softmax": 5, "reduction": 1, "pool": 1, "loss": 4, "embedding": 0}
+    from ..capture import builder as b
+
+    return {"elementwise": b.ELEMENTWISE_FLOPS, "norm": b.NORM_FLOPS, "softmax": b.SOFTMAX_FLOPS,
+            "reduction": b.REDUCTION_FLOPS, "pool": b.POOL_FLOPS, "loss": b.LOSS_FLOPS,
+            "embedding": b.EMBEDDING_FLOPS}
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,7 @@ class OpCase:
 
 # ------------------------------------------------------------------------------ builders
 
-def _linear(m, k, n, backward):
+def linear_builder(m, k, n, backward):
     def build(device, dtype):
         import torch
         import torch.nn.functional as F
@@ -152,10 +150,10 @@ def _linear_cases(s, quick):
     for m, k, n in shapes:
         flops = 2.0 * m * k * n
         nbytes = float(m * k + n * k + m * n) * s
-        out.append(OpCase("linear", "linear_fwd", (m, k, n), flops, nbytes, 1, nbytes, _linear(m, k, n, False)))
+        out.append(OpCase("linear", "linear_fwd", (m, k, n), flops, nbytes, 1, nbytes, linear_builder(m, k, n, False)))
         if m >= 32:
             out.append(OpCase("linear", "linear_fwd_bwd", (m, k, n), flops, nbytes, _GEMM_CALLS_FWD_BWD,
-                              2 * nbytes, _linear(m, k, n, True)))
+                              2 * nbytes, linear_builder(m, k, n, True)))
     return out
 
 

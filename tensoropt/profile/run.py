@@ -117,10 +117,10 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
 # ------------------------------------------------------------------------------ compute
 
 def _square(n: int, dtype: str) -> OpCase:
-    from .ops import _linear
+    from .ops import linear_builder
     s = _ITEMSIZE[dtype]
     nbytes = 3.0 * n * n * s
-    return OpCase("peak", f"matmul_{dtype}", (n, n, n), 2.0 * n ** 3, nbytes, 1, nbytes, _linear(n, n, n, False))
+    return OpCase("peak", f"matmul_{dtype}", (n, n, n), 2.0 * n ** 3, nbytes, 1, nbytes, linear_builder(n, n, n, False))
 
 
 def _torch_dtype(dtype: str):

@@ -6,18 +6,23 @@ Every rank computes the same frontier (the search is deterministic) for ``cpu:N`
 case's plan, computes the single-process reference on the full batch, lays a copy out with
 ``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
 and every full gradient, then 3 Adam steps and the loss after them. One step's collectives
-(forward + backward) are counted and compared with ``tensoropt.comms``' prediction. Rank 0
+(forward + backward) are counted and compared with ``tensoropt.comms.issued_collectives``. Rank 0
 prints one ``RESULT {json}`` line per case.
 
-Plans per model: dp (reference "data parallel"), tp (the first frontier plan whose every
-mesh axis is tensor-parallel, else the Megatron reference), hybrid ("megatron dp2·tp2",
-4 ranks), min_time, min_memory; a ``_plain`` suffix picks from the frontier searched without
-ZeRO and recomputation (``frontier(..., zero=False, recompute=False)``).
+Plans per model: dp (reference "data parallel"), dp_zero2 / dp_zero3 / dp_rc (that plan with
+ZeRO stage 2 or 3, or with every repeated block recomputed: FSDP2 on the model's own code),
+tp (the first frontier plan whose every mesh axis is tensor-parallel, else the Megatron
+reference), hybrid ("megatron dp2·tp2", 4 ranks), min_time, min_memory; a ``_plain`` suffix
+picks from the frontier searched without ZeRO and recomputation
+(``frontier(..., zero=False, recompute=False)``). Plans run on the model's own code report
+how often a forward pre-hook on the last block's first child fires per step (twice when the
+block is recomputed).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -29,7 +34,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import tensoropt  # noqa: E402
 from tensoropt.apply import PipelineRunner, count_collectives, full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
-from tensoropt.comms import predicted_collectives, summarize, summarize_for_backend  # noqa: E402
+from tensoropt.comms import issued_collectives, summarize, summarize_for_backend  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 
 # Zoo name, config overrides, batch. "mlp" is mlp-tiny widened so tensor-parallel plans pair layers.
@@ -106,9 +111,13 @@ def get_frontier(key: str, world: int, extras: bool = True, pipeline: bool = Tru
     return _FRONTIERS[(key, world, extras, pipeline)]
 
 
-def pick_plan(f, which: str, world: int):
+def pick_plan(f, which: str, world: int, graph):
     if which == "dp":
         return f.reference["data parallel"]
+    if which.startswith("dp_zero"):
+        return dataclasses.replace(f.reference["data parallel"], zero_stage=int(which[-1]))
+    if which == "dp_rc":
+        return dataclasses.replace(f.reference["data parallel"], recompute=tuple(graph.block_modules))
     if which == "hybrid":
         return f.reference["megatron dp2·tp2"]
     if which == "tp":
@@ -134,7 +143,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     plain = which.endswith("_plain")
     which = which.removesuffix("_plain")
     f, graph = get_frontier(key, world, extras=not plain)
-    plan = pick_plan(f, which, world)
+    plan = pick_plan(f, which, world, graph)
     inputs = make_inputs(key)
 
     loss_ref, g_ref, loss3_ref = single_process_reference(key, inputs)
@@ -149,6 +158,10 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     def step():
         return train_step(model, *inputs)
 
+    calls = [0]
+    if mode == "replicate" and graph.block_modules:
+        probe = next(model.get_submodule(graph.block_modules[-1]).children())
+        hook = probe.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     if measure and not pipelined:
         out = {}
         measured = count_collectives(lambda: out.setdefault("loss", step()))
@@ -156,6 +169,9 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     else:
         loss = step()
         measured = None
+    if mode == "replicate" and graph.block_modules:
+        hook.remove()
+        res["probe_calls_per_step"] = calls[0]
     res["loss"] = float(loss.detach())
     res["loss_ref"] = float(loss_ref.detach())
     res["loss_rel"] = abs(res["loss"] - res["loss_ref"]) / abs(res["loss_ref"])
@@ -166,7 +182,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["grad_max_rel"] = max((e for e in errs.values() if e is not None), default=0.0)
     res["grad_worst"] = max(errs, key=lambda n: errs[n] or 0.0)
     if measured is not None:
-        pred = predicted_collectives(plan, graph, apply_mode=mode)
+        pred = issued_collectives(plan, graph, mode)
         res["predicted"] = summarize_for_backend(pred, tuple(plan.mesh_shape), "gloo")
         res["predicted_raw"] = summarize(pred)
         res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator as _operator
 from dataclasses import dataclass, replace
 
 import torch
@@ -10,10 +9,10 @@ import torch.fx as fx
 import torch.nn as nn
 
 from ..opgraph import Edge, TensorSpec
-from . import _rules as R
-from ._probe import ProbeInput, probe, signature
-from ._program import Program
-from ._views import COPYING, SPLIT_VIEWS, VIEW_NAMES, identity, piece_map, view_map
+from . import rules as R
+from .probe import ProbeInput, probe, signature
+from .program import Program
+from .views import COPYING, SPLIT_VIEWS, VIEW_NAMES, identity, op_name, piece_map, view_map
 
 # ---- FLOP estimates for ops torch's flop counter doesn't count (per element) ---------------
 #: forward FLOPs per output element of a pointwise aten op (a fused group sums its ops)
@@ -64,17 +63,6 @@ def _spec(t) -> TensorSpec | None:
     if not isinstance(t, torch.Tensor):
         return None
     return TensorSpec(tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
-
-
-def pname(node: fx.Node) -> str:
-    t = node.target
-    if t is _operator.getitem:
-        return "getitem"
-    pk = getattr(t, "_overloadpacket", None)
-    n = pk.__name__ if pk is not None else getattr(t, "__name__", str(t))
-    if n.endswith("_") and not n.endswith("__") and n != "_":
-        n = n[:-1]
-    return n
 
 
 def aten_name(node: fx.Node) -> str:
@@ -148,7 +136,7 @@ class Builder:
                 self.kind[n] = "skip"
                 continue
             val = n.meta.get("val")
-            name = pname(n)
+            name = op_name(n)
             ins = [a for a in n.all_input_nodes]
             if name in R.CONST_LIKE or all(self._const_node(a) for a in ins):
                 self.kind[n] = "const"
@@ -208,7 +196,7 @@ class Builder:
         normish = "norm" in ty.lower()
         allowed = R.POINTWISE | ((R.REDUCTIONS | R.NORM) if normish else frozenset())
         compute = [n for n in run if self.kind[n] == "compute"]
-        if len(compute) < 2 or any(pname(n) not in allowed for n in compute):
+        if len(compute) < 2 or any(op_name(n) not in allowed for n in compute):
             return
         inrun = set(run)
         root: dict[fx.Node, fx.Node | None] = {}
@@ -321,7 +309,7 @@ class Builder:
         val = n.meta.get("val")
         spec = _spec(val)
         src = n.args[0]
-        if pname(n) == "getitem":
+        if op_name(n) == "getitem":
             sv = self.vals.get(src)
             self.vals[n] = sv[n.args[1]] if isinstance(sv, tuple) and n.args[1] < len(sv) else \
                 Val("const", spec)
@@ -333,7 +321,7 @@ class Builder:
         if v.kind == "interior":
             self.vals[n] = Val("interior", spec)
             return
-        name = pname(n)
+        name = op_name(n)
         in_shape = v.spec.shape
         m = view_map(name, tuple(n.args), dict(n.kwargs), in_shape, spec.shape)
         if m is None or len(m) != len(spec.shape):
@@ -365,7 +353,7 @@ class Builder:
             saved_operands=(), saved_extra_bytes=0, module=mod,
             module_type=mty or type(self.model).__name__, aten=(aten_name(n),),
             nodes=(n.name if piece is None else f"{n.name}[{piece}]",), operand_nodes=(self._source_name(n),),
-            short=pname(n),
+            short=op_name(n),
             leaf=bool(mod) and self._module_info(mod, mty)[1]))
         self.save_claims.append(())
         return Val("op", spec, op=idx, dim_map=identity(len(spec.shape)), rg=v.rg, store=("op", idx))
@@ -376,7 +364,7 @@ class Builder:
         a, out = src.meta.get("val"), n.meta.get("val")
         if not isinstance(a, torch.Tensor) or not isinstance(out, torch.Tensor):
             return True
-        name = pname(n)
+        name = op_name(n)
         if name == "contiguous":
             return not a.is_contiguous()
         if name in ("reshape", "flatten", "reshape_as"):
@@ -401,7 +389,7 @@ class Builder:
         out = []
         for k, t in enumerate(val):
             spec = _spec(t)
-            m = piece_map(pname(n), tuple(n.args), v.spec.shape, spec.shape)
+            m = piece_map(op_name(n), tuple(n.args), v.spec.shape, spec.shape)
             if v.kind == "param" and spec.numel < v.spec.numel:
                 out.append(self._param_slice(n, v, spec, m, piece=k))
             else:
@@ -460,7 +448,7 @@ class Builder:
 
             args = fx.node.map_aggregate(node.args, ref)
             kwargs = fx.node.map_aggregate(node.kwargs, ref)
-            name = pname(node)
+            name = op_name(node)
         else:
             args, kwargs, name = (), {}, "fused"
         c = R.Ctx(name, tuple(args) if isinstance(args, (tuple, list)) else (args,), dict(kwargs),
@@ -473,7 +461,7 @@ class Builder:
             for i, t in enumerate(c.terms):
                 if t is None:
                     c.terms[i] = [c.take("", s) for s in c.shapes[i]]
-            if any(self.kind[n] == "view" and pname(n) not in _LOCAL_VIEWS for n in members):
+            if any(self.kind[n] == "view" and op_name(n) not in _LOCAL_VIEWS for n in members):
                 c.split = set()      # a view with explicit sizes does not run on a shard
             if group["normish"]:
                 c.family = "norm"
@@ -528,7 +516,7 @@ class Builder:
             mod, mty, _ = module_of(out_node)
         if not mty and not mod:
             mty = type(self.model).__name__
-        short = group["module_type"].lower() if group is not None else pname(out_node)
+        short = group["module_type"].lower() if group is not None else op_name(out_node)
         self.ops.append(dict(
             family=family, equation=eq, operands=tuple(v.spec for v in ovals),
             param_names=tuple(v.param if v.kind == "param" else None for v in ovals),
@@ -562,7 +550,7 @@ class Builder:
         rank = len(out_spec.shape)
         red: set[int] = set()
         for n in group["members"]:
-            name = pname(n)
+            name = op_name(n)
             if name in R.REDUCTIONS or name in R.NORM:
                 a = n.args[0].meta.get("val") if n.args and isinstance(n.args[0], fx.Node) else None
                 r = a.dim() if isinstance(a, torch.Tensor) else rank

@@ -60,30 +60,6 @@ CONST_LIKE = frozenset(("zeros_like", "ones_like", "empty_like", "full_like", "r
 SCAN_OR_SHIFT = frozenset(("cumsum", "cumprod", "roll", "flip", "tril", "triu"))
 
 
-def family_of(name: str) -> str | None:
-    if name in LINEAR:
-        return "linear"  # "matmul" when no operand is a parameter (decided by the rule)
-    if name in ATTENTION:
-        return "attention"
-    if name in CONV:
-        return "conv"
-    if name in NORM:
-        return "norm"
-    if name in SOFTMAX:
-        return "softmax"
-    if name in EMBEDDING:
-        return "embedding"
-    if name in POOL:
-        return "pool"
-    if name in REDUCTIONS:
-        return "reduction"
-    if name in CLASS_LOSSES or name in ELEM_LOSSES:
-        return "loss"
-    if name in POINTWISE:
-        return "elementwise"
-    return None
-
-
 # ---- labelling context ---------------------------------------------------------------------
 @dataclass
 class Ctx:

@@ -3,9 +3,23 @@ whose split carries over (or None)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 DimMap = tuple  # tuple[int | None, ...]
+
+
+def op_name(node) -> str:
+    """A graph node's op: the aten overload packet's name without a trailing in-place
+    underscore (``add_`` -> ``add``), or "getitem"."""
+    t = node.target
+    if t is operator.getitem:
+        return "getitem"
+    pk = getattr(t, "_overloadpacket", None)
+    n = pk.__name__ if pk is not None else getattr(t, "__name__", str(t))
+    if n.endswith("_") and not n.endswith("__") and n != "_":
+        n = n[:-1]
+    return n
 
 
 def _norm(d: int, rank: int) -> int:

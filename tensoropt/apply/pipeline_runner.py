@@ -7,7 +7,7 @@ last what comes after (the loss). ``plan.stages`` holds one plan per distinct st
 one middle standing for all middle stages, last), each on the sub-mesh and per micro-batch.
 
 Each rank runs its stage of the model's captured program, captured at the micro-batch size
-(``_runner.ProgramRunner``, the same execution as a non-pipeline plan, on the stage's
+(``runner.ProgramRunner``, the same execution as a non-pipeline plan, on the stage's
 sub-mesh):
 
 * a stage runs its own operators and computes locally whatever else they read that no
@@ -44,9 +44,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..capture.inputs import bind_call, forward_signature, loss_of
 from ..pipeline import sub_graph
 from ..plan import Plan
-from ._plan import PlanNotApplicable, capture_for_plan, plan_layout
-from ._mesh import device_mesh
-from ._runner import ProgramRunner, _skipped
+from .layout import PlanNotApplicable, capture_for_plan, plan_layout
+from .meshes import device_mesh
+from .process_group import current_world_size, ensure_process_group
+from .runner import ProgramRunner, is_skipped
 
 __all__ = ["PipelineRunner", "pipeline"]
 
@@ -302,8 +303,6 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     (only shapes are used), for a plan that stores none."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from ._validate import current_world_size, ensure_process_group
-
     p, m = plan.mesh_shape[0], plan.microbatches
     if not plan.stages:
         raise ValueError(f"plan {plan.summary} has no pipeline stages: use tensoropt.parallelize")
@@ -347,7 +346,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     pp_group = mesh[names[0]].get_group()
     lay = layouts[s]
     sent = received[s + 1] if s < p - 1 else []
-    nodes = [n for n in program.graph.nodes if n.name in runs[s] and not _skipped(n)]
+    nodes = [n for n in program.graph.nodes if n.name in runs[s] and not is_skipped(n)]
     runner = ProgramRunner(model, lay, program, sub, nodes=nodes, keep=set(sent) | {loss_node.name})
     used = {n for o in lay.ops for n in o.param_names if n is not None}
     stage_params = runner.install_parameters(used)

@@ -20,6 +20,8 @@ import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils._pytree import TreeSpec
 
+from .views import SPLIT_VIEWS, identity, op_name, piece_map, view_map
+
 __all__ = ["Program", "program_from_export", "inline_regions", "call_node", "module_paths", "GRAD_KEY", "AUTOCAST_KEY"]
 
 GRAD_KEY = "tensoropt_grad"
@@ -47,20 +49,18 @@ class Program:
     def source_dims(self, name: str) -> tuple[str, tuple[int | None, ...]]:
         """(the placeholder a node views, per dim of the node the placeholder dim it shows or
         None): how a parameter reaches an operator through views (a transpose, an expand)."""
-        from ._build import pname
-        from ._views import SPLIT_VIEWS, identity, piece_map, view_map
 
         by_name = {n.name: n for n in self.graph.nodes}
         node = by_name[name]
         out = node.meta["val"]
         dims: tuple[int | None, ...] = identity(out.dim())
         while node.op != "placeholder":
-            kind = pname(node)
+            kind = op_name(node)
             if kind == "getitem":
                 src = node.args[0]
                 piece = node.meta["val"]
-                m = piece_map(pname(src), tuple(src.args), tuple(src.args[0].meta["val"].shape), tuple(piece.shape)) \
-                    if pname(src) in SPLIT_VIEWS else None
+                m = piece_map(op_name(src), tuple(src.args), tuple(src.args[0].meta["val"].shape), tuple(piece.shape)) \
+                    if op_name(src) in SPLIT_VIEWS else None
                 node = src.args[0] if m is not None else src
             else:
                 src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None

@@ -2,7 +2,7 @@
 
 A plan gives every captured operator a configuration (per mesh axis the label split over it).
 That fixes the layout of every operand (``strategy.term_placements``) and of the output
-(``S(d)``/``R``/``P``). ``plan_layout`` works these out and checks them against the model
+(``Shard(d)``/``Replicate()``/``Partial()``, :mod:`tensoropt.placement`). ``plan_layout`` works these out and checks them against the model
 without any collective; ``apply_plan`` then runs them:
 
 * plans whose mesh axes are all data-parallel (every batched operator splits the batch, no
@@ -11,12 +11,12 @@ without any collective; ``apply_plan`` then runs them:
   gathered after forward, ZeRO 3 reshards) -- one group per repeated block and the root, the
   batch split per rank;
 * every other plan runs the model's captured program with the plan's layouts on DTensor
-  (``_runner.ProgramRunner``): the same nodes that were planned, whatever the eager code.
+  (``runner.ProgramRunner``): the same nodes that were planned, whatever the eager code.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +24,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.checkpoint import checkpoint
 
-from ..capture.inputs import bind_call, inputs_from_spec, loss_of, replace_loss, split_inputs
+from ..capture.inputs import example_call, inputs_from_spec, loss_of, replace_loss
 from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replicated
 from ..opgraph import OpGraph
+from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
-from ..strategy import OpConfig, term_placements
-from ._validate import param_signature
+from ..strategy import OpConfig, contracted_labels, output_placements, term_placements
+from ..traffic import grad_partial
+from ..capture.signature import param_signature
 
-__all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan"]
+__all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan", "plan_call",
+           "checkpoint_forward"]
 
 
 class PlanNotApplicable(ValueError):
@@ -53,9 +57,9 @@ class OpLayout:
     out_term: str
     contracted: str
     param_names: tuple[str | None, ...]
-    want: tuple[tuple[str, ...], ...]       # per operand: placement per mesh axis
+    want: tuple[tuple[Placement, ...], ...]  # per operand: placement per mesh axis
     grad_partial: tuple[tuple[bool, ...], ...]  # per operand: gradient arrives as partial sums
-    out: tuple[str, ...]                    # output placement per mesh axis ("P" allowed)
+    out: tuple[Placement, ...]              # output placement per mesh axis (Partial allowed)
     batch_axes: tuple[int, ...] = ()        # BatchNorm: axes its statistics are all-reduced over
 
 
@@ -64,7 +68,7 @@ class PlanLayout:
     plan: Plan
     graph: OpGraph
     ops: list[OpLayout]
-    param_placements: dict[str, tuple[str, ...]]
+    param_placements: dict[str, tuple[Placement, ...]]
     data_axes: tuple[int, ...]
     mode: str                               # "replicate" (all axes data-parallel) or "dtensor"
     program: Any = None                     # capture.Program the graph was built from
@@ -82,23 +86,16 @@ class PlanLayout:
 # ---------------------------------------------------------------------------------- layout
 
 
-def example_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None) -> tuple[tuple, dict]:
+def plan_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None) -> tuple[tuple, dict]:
     """(args, kwargs) on meta to capture ``model`` for ``plan`` at ``batch`` (the plan's by
-    default): ``inputs`` if given, else the shapes the plan stores, else a zoo model's own."""
+    default): ``inputs`` if given, else the shapes the plan stores, else a zoo model's own
+    (for the model's config)."""
     plan_batch = (plan.training or {}).get("batch_size")
     if inputs is not None:
-        args, kwargs = split_inputs(inputs)
-        def meta(x):
-            if not isinstance(x, torch.Tensor):
-                return x
-            shape = list(x.shape)
-            if batch is not None and shape and plan_batch and shape[0] == plan_batch:
-                shape[0] = batch
-            return torch.empty(shape, dtype=x.dtype, device="meta")
-        return tuple(meta(a) for a in args), {k: meta(v) for k, v in kwargs.items()}
+        return example_call(inputs, batch=plan_batch, at=batch, meta=True)
     if plan.inputs:
         return inputs_from_spec(plan.inputs, plan_batch, batch)
-    from ..models import MODEL_NAMES, example_inputs
+    from ..models import MODEL_NAMES
 
     if plan.model not in MODEL_NAMES:
         raise ValueError(f"plan for {plan.model!r} stores no input shapes (made before plans carried them): "
@@ -107,18 +104,14 @@ def example_call(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | 
 
     cfg = getattr(model, "config", None)
     overrides = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-    b = batch or plan_batch
-    try:
-        return tuple(example_inputs(plan.model, b, device="meta", **overrides)), {}
-    except (TypeError, ValueError):
-        return tuple(example_inputs(plan.model, b, device="meta")), {}
+    return example_call(zoo=plan.model, at=batch or plan_batch, overrides=overrides)
 
 
 def capture_for_plan(plan: Plan, model: nn.Module, inputs: Any = None, batch: int | None = None):
     """(graph, program, call): ``model`` captured again on meta inputs for ``plan``."""
     from ..capture import capture_program
 
-    args, kwargs = example_call(plan, model, inputs, batch)
+    args, kwargs = plan_call(plan, model, inputs, batch)
     graph, program = capture_program(model, args, kwargs=kwargs, name=plan.model)
     return graph, program, (args, kwargs)
 
@@ -152,10 +145,10 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         cfgs.append(cfg)
     params = dict(model.named_parameters(remove_duplicate=False))
     ops: list[OpLayout] = []
-    pplace: dict[str, tuple[str, ...]] = {}
+    pplace: dict[str, tuple[Placement, ...]] = {}
     for i, (op, cfg) in enumerate(zip(graph.operators, cfgs)):
         terms, out = op.terms
-        contracted = "".join(dict.fromkeys(c for t in terms for c in t if c not in out))
+        contracted = contracted_labels(op)
         for a, s in enumerate(cfg.splits):
             if s is not None and s not in op.splittable:
                 raise PlanNotApplicable(f"operator {op.name}: config {cfg} splits label {s!r} on mesh "
@@ -164,8 +157,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
         if base == "embedding" and sum(1 for s in cfg.splits if s is not None and s in contracted) > 1:
             raise PlanNotApplicable(f"operator {op.name}: vocabulary split over several mesh axes ({cfg})")
         want = tuple(term_placements(cfg, t) for t in terms)
-        gp = tuple(tuple(s is not None and s not in t for s in cfg.splits) for t in terms)
-        outp = term_placements(cfg, out, contracted)
+        gp = tuple(grad_partial(cfg, t) for t in terms)
+        outp = output_placements(op, cfg)
         for j, (pname, w) in enumerate(zip(op.param_names, want)):
             if pname is None:
                 continue
@@ -177,9 +170,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
             pplace.setdefault(pname, w)
             cut = {}
             for a, p in enumerate(w):
-                if p.startswith("S("):
-                    d = int(p[2:-1])
-                    cut[d] = cut.get(d, 1) * plan.mesh_shape[a]
+                if isinstance(p, Shard):
+                    cut[p.dim] = cut.get(p.dim, 1) * plan.mesh_shape[a]
             for d, n in cut.items():
                 if d >= len(shape) or shape[d] % n:
                     raise ValueError(f"operator {op.name}: parameter {pname} of shape {shape} cannot be "
@@ -197,7 +189,8 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
     return PlanLayout(plan, graph, ops, pplace, dp_axes, mode, program, call)
 
 
-def _storage_placements(program, node: str | None, want: tuple[str, ...], operand_shape, shape) -> tuple[str, ...]:
+def _storage_placements(program, node: str | None, want: tuple[Placement, ...], operand_shape,
+                        shape) -> tuple[Placement, ...]:
     """A parameter's own placements for an operand that shows it through views (a transpose
     moves the split dim; a dim it is expanded along is replicated: the operand's shards are
     local slices of it)."""
@@ -206,10 +199,10 @@ def _storage_placements(program, node: str | None, want: tuple[str, ...], operan
     _, dims = program.source_dims(node)
     out = []
     for p in want:
-        if p.startswith("S("):
-            d = int(p[2:-1])
+        if isinstance(p, Shard):
+            d = p.dim
             pd = dims[d] if d < len(dims) else None
-            p = f"S({pd})" if pd is not None and pd < len(shape) and shape[pd] == operand_shape[d] else "R"
+            p = Shard(pd) if pd is not None and pd < len(shape) and shape[pd] == operand_shape[d] else REPLICATE
         out.append(p)
     return tuple(out)
 
@@ -222,7 +215,7 @@ def apply_plan(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> nn.Mod
     if layout.mode == "replicate":
         _apply_replicate(model, layout, mesh)
     else:
-        from ._runner import ProgramRunner
+        from .runner import ProgramRunner
 
         runner = ProgramRunner(model, layout, layout.program, mesh)
         runner.install_parameters()
@@ -242,8 +235,6 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 2: keep
     parameters gathered after forward; ZeRO 3: reshard), one group per repeated block and
     the root; recomputed modules run under non-reentrant checkpointing."""
-    from . import _checkpoint_forward
-
     zero = getattr(layout.plan, "zero_stage", 0) or 0
     if zero:
         from torch.distributed.fsdp import fully_shard
@@ -253,7 +244,7 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     else:
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
     for fqn in getattr(layout.plan, "recompute", ()) or ():
-        _checkpoint_forward(model.get_submodule(fqn))
+        checkpoint_forward(model.get_submodule(fqn))
     names = tuple(layout.axis_names[a] for a in layout.data_axes)
     dp = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("_".join(names))
     for fqn in layout.graph.block_modules:
@@ -284,3 +275,18 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
     model.register_forward_hook(post)
+
+
+def checkpoint_forward(module: nn.Module) -> None:
+    """Activation checkpointing without changing FQNs: the module's forward (inside its hooks)
+    runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``."""
+    if getattr(module, "_tensoropt_recompute", False):
+        return
+    orig = module.forward
+
+    @functools.wraps(orig)
+    def forward(*args, **kwargs):
+        return checkpoint(orig, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward                  # type: ignore[method-assign]
+    module._tensoropt_recompute = True        # type: ignore[attr-defined]

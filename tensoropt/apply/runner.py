@@ -16,7 +16,7 @@ input shapes, so node names agree), not the model's eager code. Whatever the eag
   split label become partial sums; a class loss over a split batch divides its local sum by
   the count of counted targets in the whole batch; causal attention over split queries
   gets the mask of its own rows; a vocabulary-split embedding masks foreign rows; BatchNorm
-  over a split batch all-reduces its statistics (``_sync_batch_norm``);
+  over a split batch all-reduces its statistics (``batch_norm``);
 * nodes between operators (views) run on DTensors with DTensor's rules; constants and
   derived inputs (masks, position ids: capture's ``_derived``) run on plain tensors, every
   rank computing them from the whole batch it is handed;
@@ -42,25 +42,27 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
-from ..capture._program import Program, call_node, module_paths
+from ..capture.program import Program, call_node, module_paths
 from ..capture.inputs import bind_call, forward_signature
-from ._sync_batch_norm import sync_batch_norm
+from .. import placement as planned
+from .batch_norm import sync_batch_norm
 
-__all__ = ["ProgramRunner", "to_placement", "Step"]
+__all__ = ["ProgramRunner", "to_placement", "Step", "is_skipped"]
 
 _SKIP_PREFIXES = ("_assert", "sym_constrain")
 _CLASS_LOSSES = ("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d")
 _ELEM_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
 
-def to_placement(p: str) -> Placement:
-    if p == "R":
-        return Replicate()
-    if p == "P":
+def to_placement(p: planned.Placement) -> Placement:
+    """The ``torch.distributed.tensor`` placement of a planned one."""
+    if isinstance(p, planned.Shard):
+        return Shard(p.dim)
+    if isinstance(p, planned.Partial):
         return Partial()
-    if p.startswith("S(") and p.endswith(")"):
-        return Shard(int(p[2:-1]))
-    raise ValueError(f"unknown placement {p!r}")
+    if isinstance(p, planned.Replicate):
+        return Replicate()
+    raise TypeError(f"not a placement: {p!r}")
 
 
 # env key of the operands already moved to a layout this forward: consumers of one node that
@@ -68,17 +70,17 @@ def to_placement(p: str) -> Placement:
 _MOVED = "__moved__"
 
 
-def _skipped(n: fx.Node) -> bool:
+def is_skipped(n: fx.Node) -> bool:
     name = getattr(n.target, "__name__", "") or str(n.target)
     return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
         tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
 
 
-def _zero_dims(placements: list[str], axis: int, ndim: int) -> list[int]:
+def _zero_dims(placements: list[planned.Placement], axis: int, ndim: int) -> list[int]:
     """Tensor dims ZeRO may shard over mesh ``axis``: those no later axis shards. DTensor nests
     the shards of one dim in mesh-axis order, so undoing this axis' shard of a dim that a later
     axis shards too gathers the whole tensor and slices it again."""
-    later = {int(p[2:-1]) for b, p in enumerate(placements) if p.startswith("S(") and b > axis}
+    later = {p.dim for b, p in enumerate(placements) if isinstance(p, planned.Shard) and b > axis}
     return [d for d in range(ndim) if d not in later]
 
 
@@ -123,7 +125,7 @@ class ProgramRunner:
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
         self.keep = set(keep) | {a.name for a in out.all_input_nodes}
-        self.steps = self._steps([n for n in nodes if not _skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
+        self.steps = self._steps([n for n in nodes if not is_skipped(n)], tuple(getattr(layout.plan, "recompute", ()) or ()))
         _liveness(self.steps, self.keep)
 
     # ---------------------------------------------------------------- steps
@@ -163,7 +165,7 @@ class ProgramRunner:
             for a in node.all_input_nodes:
                 if a.name not in mine and a.name not in reads:
                     reads.append(a.name)
-            if any(u.name not in mine and not _skipped(u) for u in node.users):
+            if any(u.name not in mine and not is_skipped(u) for u in node.users):
                 writes.append(m)
         return Step("op", op=o, reads=tuple(reads), writes=tuple(writes),
                     written=tuple(_written_operands(o, self.by_name)))
@@ -186,7 +188,7 @@ class ProgramRunner:
             owner = next((a for a in aliases if a in self.layout.param_placements), None)
             p = model.get_parameter(aliases[0])
             pls = (self.storage.get(owner) or self.layout.param_placements.get(owner)) if owner else None
-            pls = pls or tuple("R" for _ in self.layout.mesh_shape)
+            pls = pls or (planned.REPLICATE,) * len(self.layout.mesh_shape)
             new = nn.Parameter(distribute_tensor(p.data, mesh, [to_placement(x) for x in pls]),
                                requires_grad=p.requires_grad)
             new.register_post_accumulate_grad_hook(_reduce_partial_grad)
@@ -216,16 +218,16 @@ class ProgramRunner:
                 axes = []
                 pshape = list(params[pname].shape)
                 for a, pl in enumerate(want):
-                    if pl.startswith("S("):
-                        pshape[int(pl[2:-1])] //= shape[a]
+                    if isinstance(pl, planned.Shard):
+                        pshape[pl.dim] //= shape[a]
                 for a in range(len(shape)):
-                    if not (o.grad_partial[j][a] and shape[a] > 1 and want[a] == "R"):
+                    if not (o.grad_partial[j][a] and shape[a] > 1 and isinstance(want[a], planned.Replicate)):
                         continue
                     d = next((d for d in _zero_dims(want, a, len(pshape)) if pshape[d] % shape[a] == 0), None)
                     if d is None:
                         continue
                     pshape[d] //= shape[a]
-                    want[a] = f"S({d})"
+                    want[a] = planned.Shard(d)
                     axes.append(a)
                 if axes:
                     self.zero_axes[pname] = tuple(axes)
@@ -438,7 +440,7 @@ class ProgramRunner:
             first = next((v for v in value if isinstance(v, torch.Tensor)), None)
             return type(value)(self._wrap(o, v) if v is first or (
                 isinstance(v, torch.Tensor) and first is not None and v.shape == first.shape)
-                else _Unplaced(o.name) if isinstance(v, torch.Tensor) and any(p != "R" for p in o.out) else
+                else _Unplaced(o.name) if isinstance(v, torch.Tensor) and any(not isinstance(p, planned.Replicate) for p in o.out) else
                 (self._wrap(o, v) if isinstance(v, torch.Tensor) else v) for v in value)
         if not isinstance(value, torch.Tensor):
             return value

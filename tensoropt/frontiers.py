@@ -1,0 +1,103 @@
+"""The result of a search: :class:`Frontier`, the Pareto-optimal plans of one device set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .budget import InfeasibleBudget, budget_bytes, fastest_within, fits
+from .plan import Plan
+from .units import format_bytes
+
+__all__ = ["Frontier", "plan_row"]
+
+
+@dataclass
+class Frontier:
+    """Pareto-optimal plans sorted by time ascending (peak memory strictly descending)."""
+    model: str
+    devices: str
+    plans: list[Plan]
+    reference: dict[str, Plan] = field(default_factory=dict)
+    device_memory_bytes: float = float("inf")
+    stats: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def __iter__(self):
+        return iter(self.plans)
+
+    def __getitem__(self, i: int) -> Plan:
+        return self.plans[i]
+
+    @property
+    def times_s(self) -> np.ndarray:
+        return np.array([p.time_s for p in self.plans])
+
+    @property
+    def memories_bytes(self) -> np.ndarray:
+        """Each plan's peak memory per device (``Plan.peak_memory_bytes``), the frontier's axis."""
+        return np.array([p.peak_memory_bytes for p in self.plans])
+
+    def min_time(self) -> Plan:
+        return self.plans[0]
+
+    def min_memory(self) -> Plan:
+        return self.plans[-1]
+
+    def best(self, memory_budget: int | float | str | None = None) -> Plan:
+        """The fastest plan whose per-device peak memory (``Plan.peak_memory_bytes``: resident
+        state, saved activations and the backward pass's rise) fits ``memory_budget`` (bytes or
+        "40GB"; see :mod:`tensoropt.budget`); by default the device's own memory."""
+        budget = self.device_memory_bytes if memory_budget is None else budget_bytes(memory_budget)
+        plan = fastest_within(self.plans, budget)
+        if plan is None:
+            least = min(self.plans, key=lambda p: p.peak_memory_bytes)
+            raise InfeasibleBudget(
+                f"no plan for {self.model} on {self.devices} fits {format_bytes(budget)} per device; "
+                f"the minimum achievable peak is {format_bytes(least.peak_memory_bytes)} "
+                f"({least.peak_memory_bytes:.0f} bytes, plan {least.summary} on mesh {least.mesh}). "
+                "Raise the budget, add devices, or lower the batch size.")
+        return plan
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame([plan_row(p, self.device_memory_bytes) for p in self.plans])
+
+    def references_to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame([dict(plan_row(p, self.device_memory_bytes), label=name)
+                             for name, p in self.reference.items()])
+
+    def plot(self, ax=None, memory_budget=None, **kw):
+        """The trade-off curve with reference plans marked (matplotlib Axes)."""
+        from .plots import plot_frontier
+
+        return plot_frontier(self, ax=ax, memory_budget=memory_budget, **kw)
+
+    def __repr__(self) -> str:
+        return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
+                f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
+                f"{format_bytes(self.plans[0].peak_memory_bytes)}..{format_bytes(self.plans[-1].peak_memory_bytes)} "
+                "peak per device)")
+
+
+def plan_row(p: Plan, device_memory: float) -> dict:
+    """One table row: memory is the step's peak per device; ``forward_end_bytes`` is what the
+    device holds when the forward pass ends (state and saved activations, ``Plan.memory_bytes``)."""
+    return {
+        "time_s": p.time_s,
+        "memory_bytes": p.peak_memory_bytes,
+        "time_ms": p.time_s * 1e3,
+        "memory_gib": p.peak_memory_bytes / 2**30,
+        "forward_end_bytes": p.memory_bytes,
+        "forward_end_gib": p.memory_bytes / 2**30,
+        "mesh": p.mesh,
+        "summary": p.summary,
+        "fits_device": fits(p, device_memory),
+        **p.breakdown,
+    }

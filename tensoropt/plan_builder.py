@@ -1,0 +1,132 @@
+"""From a solved cost graph back to a :class:`~tensoropt.plan.Plan`.
+
+:func:`plan_from_assignment` prices one assignment (a configuration per operator and per
+recompute unit of a :class:`~tensoropt.planner.MeshProblem`) operator by operator: compute,
+communication, layout moves, state and activations, the backward pass's rise and the input
+batch. :class:`Candidate` is a priced point whose plan is built only when it survives the
+merge of frontiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .opgraph import OpGraph
+from .placement import format_placements
+from .plan import OpChoice, Plan
+from .planner import MeshProblem, replicate_held_bytes, returned_ops, step_input_bytes, transient_bytes
+from .strategy import label_sizes, output_placements
+from .training import TrainingConfig
+
+__all__ = ["PlanContext", "Candidate", "plan_from_assignment", "summarize"]
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What every plan of one search shares."""
+    graph: OpGraph
+    training: TrainingConfig
+    param_signature: str         # ``capture.param_signature`` of the model
+    epsilon: float
+    devices: str                 # the device set as the user named it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A priced frontier point; its :class:`~tensoropt.plan.Plan` is built on demand (a search
+    keeps only the points that survive the merge of frontiers)."""
+    time_s: float
+    memory_bytes: float                  # the cost graph's (end-of-forward) memory
+    peak_bytes: float                    # its plan's ``peak_memory_bytes``
+    build: Callable[[], Plan]
+
+
+def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Sequence[int], label: str = "",
+                         microbatches: int = 1) -> Plan:
+    """Price one assignment (configuration index per operator, then per recompute unit; units
+    default to keeping their activations) into a :class:`Plan`."""
+    graph, mesh = ctx.graph, problem.mesh
+    n_ops = len(graph.operators)
+    a = [int(x) for x in assignment]
+    if len(a) == n_ops:                        # operators only: keep every unit's activations
+        a += [0] * len(problem.units)
+    relayout = np.zeros(n_ops)
+    for (u, v), table in problem.cost_graph.edge_costs.items():
+        if u < n_ops:
+            relayout[v] += table[a[u], a[v], 0]
+    for i, times in (problem.tied_s or {}).items():
+        relayout[i] += times[a[i]]
+    recomputed_ops: set[int] = set()
+    recomputed, kept_inputs = [], 0.0
+    for k, (name, unit_ops) in enumerate(problem.units):
+        if a[problem.recompute_node(k)] == 1:
+            recomputed.append(name)
+            recomputed_ops.update(unit_ops)
+            kept_inputs += problem.activation_factor * problem.unit_input_bytes[k][a[unit_ops[0]]]
+    kept = returned_ops(graph, problem.accumulates)
+    ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
+                           grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
+    for i, op in enumerate(graph.operators):
+        cfg = problem.configs[i][a[i]]
+        cost = problem.node_costs[i][a[i]]
+        again = i in recomputed_ops
+        act = 0.0 if again else problem.activation_factor * cost.activation_bytes
+        act += cost.output_bytes if i in kept else 0.0
+        ops.append(OpChoice(name=op.name, module=op.module, family=op.family, config=str(cfg),
+                            placements=format_placements(output_placements(op, cfg)),
+                            compute_s=cost.compute_s + (cost.forward_s if again else 0.0), comm_s=cost.comm_s,
+                            relayout_s=float(relayout[i]),
+                            param_bytes=cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes,
+                            activation_bytes=act))
+        totals["compute_s"] += cost.compute_s
+        totals["recompute_s"] += cost.forward_s if again else 0.0
+        totals["comm_s"] += cost.comm_s
+        totals["param_bytes"] += cost.param_bytes
+        totals["grad_bytes"] += cost.grad_bytes
+        totals["optimizer_bytes"] += cost.optimizer_bytes
+        totals["activation_bytes"] += act
+    totals["relayout_s"] = float(relayout.sum())
+    t, m = problem.cost_graph.cost(a)
+    totals["transient_bytes"] = float(transient_bytes(problem, a, replicate_held_bytes(problem, graph, a))[0])
+    totals["input_bytes"] = step_input_bytes(problem, graph, a, microbatches)
+    summary = summarize(graph, problem, a)
+    if problem.zero_stage:
+        summary += f" zero{problem.zero_stage}"
+    if recomputed:
+        summary += f" rc{len(recomputed)}/{len(problem.units)}"
+    tr = ctx.training
+    return Plan(model=graph.name, devices=ctx.devices, mesh_shape=mesh.shape,
+                mesh_links=tuple(link.name for link in mesh.links), time_s=float(t), memory_bytes=float(m),
+                summary=summary, ops=tuple(ops), breakdown=totals,
+                training={"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
+                param_signature=ctx.param_signature, label=label, epsilon=ctx.epsilon,
+                zero_stage=problem.zero_stage, recompute=tuple(recomputed), inputs=graph.inputs)
+
+
+def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:
+    """Per mesh axis its role and size, e.g. ``dp2·tp4``: ``rep`` when no operator splits
+    anything over it, ``dp`` when every batched operator splits the batch, ``tp`` when at
+    least half the weight-carrying operators split a weight dimension, ``dp~`` when at least
+    half the batched operators split the batch, else ``mix``."""
+    parts = []
+    n_ops = len(graph.operators)
+    for axis, size in enumerate(problem.mesh.shape):
+        splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment[:n_ops])]
+        batched = [s for op, s in zip(graph.operators, splits) if "b" in label_sizes(op)]
+        weighted = [s for op, s in zip(graph.operators, splits)
+                    if op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)]
+        if all(s is None for s in splits):
+            role = "rep"
+        elif batched and all(s == "b" for s in batched):
+            role = "dp"
+        elif weighted and sum(s not in (None, "b") for s in weighted) * 2 >= len(weighted):
+            role = "tp"
+        elif batched and sum(s == "b" for s in batched) * 2 >= len(batched):
+            role = "dp~"
+        else:
+            role = "mix"
+        parts.append(f"{role}{size}")
+    return "·".join(parts)

@@ -1,0 +1,42 @@
+"""Which :class:`~tensoropt.costmodel.CostModel` prices each mesh of a search: the device's
+datasheet figures, or a measured profile's (``tensoropt profile``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .costmodel import CostModel
+from .mesh import Cluster, Mesh
+from .training import TrainingConfig
+
+__all__ = ["cost_models"]
+
+
+def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None = None
+                ) -> Callable[[Mesh], CostModel]:
+    """mesh -> CostModel. A measured profile replaces the device's peak figures, the compute
+    curves and, per mesh, the collectives' α and B (the fit of the mesh's group size where
+    all its axes have one measured size, else the joint fit over group sizes)."""
+    if profile is None:
+        model = CostModel(cluster.device, training=training)
+        return lambda mesh: model
+    from .profile.data import Profile
+
+    prof = Profile.load(profile)
+    device = prof.device(cluster.device)
+    compute = prof.compute_model()
+
+    def for_mesh(mesh: Mesh) -> CostModel:
+        sizes = set(mesh.shape)
+        group = sizes.pop() if len(sizes) == 1 else None
+        links = {link.name for link in mesh.links}
+        if len(links) != 1:
+            raise ValueError(f"profile {profile} measured one link; mesh {mesh} spans several "
+                             f"({sorted(links)}): profiles are for single-node device sets")
+        try:
+            collectives = prof.collective_model(mesh.links[0], group_size=group)
+        except ValueError:
+            collectives = prof.collective_model(mesh.links[0])
+        return CostModel(device, compute, collectives, training)
+
+    return for_mesh

@@ -1,0 +1,72 @@
+"""What a frontier search is asked to do (:class:`SearchOptions`) and how long it may take
+(:class:`Deadline`)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .engine import SolveTimeout
+
+__all__ = ["SearchOptions", "Deadline"]
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """The keywords of :func:`tensoropt.frontier` that shape the search."""
+    #: "bf16-mixed" or "fp32"; None: fp32 on CPU ranks, bf16-mixed on GPUs
+    precision: str | None = None
+    #: "adam", "sgd" or "sgd-momentum": the optimizer state each parameter carries
+    optimizer: str = "adam"
+    #: path of a measured profile (``tensoropt profile``) that prices compute and collectives
+    profile: str | None = None
+    #: > 0: a (1+ε)-approximate frontier per mesh (``engine.solve``)
+    epsilon: float = 0.0
+    #: meshes of at most this many axes
+    max_mesh_dims: int = 3
+    #: search the coarse space of ``tensoropt.space``; None: above 64 devices
+    coarse: bool | None = None
+    #: also search ZeRO stages 2 and 3 on the data-parallel axes
+    zero: bool = True
+    #: activation recomputation per repeated block as a searched choice
+    recompute: bool = True
+    #: also search pipeline stages over the repeated blocks (``tensoropt.pipeline``)
+    pipeline: bool = True
+    #: seconds for the whole search (every mesh, stage count and device count); None: no limit
+    time_limit_s: float | None = None
+    #: a progress bar; None: when stderr is a terminal
+    progress: bool | None = None
+    #: price the reference plans (data parallel, Megatron) too
+    references: bool = True
+
+
+class Deadline:
+    """A search's time limit, shared by every solve in it."""
+
+    def __init__(self, time_limit_s: float | None, what: str, start: float | None = None):
+        self.time_limit_s = time_limit_s
+        self.what = what                         # e.g. "gpt2 on 8xA100-80GB"
+        self.start = time.monotonic() if start is None else start
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.start
+
+    def remaining_s(self) -> float | None:
+        """What a solve starting now may take (None: no limit)."""
+        if self.time_limit_s is None:
+            return None
+        return max(self.time_limit_s - self.elapsed_s(), 1e-3)
+
+    @contextmanager
+    def solving(self, what: str):
+        """A solve's timeout restated for the whole search (its own limit is what was left)."""
+        try:
+            yield
+        except SolveTimeout as err:
+            raise SolveTimeout(
+                f"the frontier search of {self.what} stopped after {self.elapsed_s():.1f} s "
+                f"of time_limit_s={self.time_limit_s}, while solving {what} "
+                f"(at {str(err).split(' at ', 1)[-1].split('. ')[0]})."
+                " Raise time_limit_s, pass epsilon > 0, "
+                "search fewer meshes (max_mesh_dims) or the coarse space (coarse=True).") from None

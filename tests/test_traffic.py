@@ -1,0 +1,90 @@
+"""Collectives as values (``tensoropt.traffic``): the cost model's communication time is the
+price of the very list ``comms.predicted_collectives`` gives for a plan, and the list the apply
+layer issues follows from the same rules."""
+
+from __future__ import annotations
+
+import pytest
+
+import tensoropt
+from tensoropt.capture import capture
+from tensoropt.comms import issued_collectives, predicted_collectives, summarize
+from tensoropt.costmodel import CostModel
+from tensoropt.hardware import get_link
+from tensoropt.mesh import Mesh, parse_devices
+from tensoropt.models import example_inputs, get_model
+from tensoropt.placement import REPLICATE, Shard
+from tensoropt.strategy import OpConfig
+from tensoropt.training import TrainingConfig
+from tensoropt.traffic import Collective, relayout_collectives, tied_uses
+
+
+def _graph(name):
+    return capture(get_model(name), tuple(example_inputs(name)), name=name)
+
+
+def _mesh(plan) -> Mesh:
+    return Mesh(tuple(plan.mesh_shape), plan.mesh_axis_names, tuple(get_link(n) for n in plan.mesh_links))
+
+
+@pytest.mark.parametrize("model, devices", [("gpt-tiny", "cpu:4"), ("gpt-tiny", "8xA100-80GB"),
+                                            ("mlp-tiny", "cpu:2"), ("bert-tiny", "cpu:4"), ("cnn-tiny", "cpu:4")])
+def test_priced_collectives_are_the_plans_communication_time(model, devices):
+    f = tensoropt.frontier(model, devices, pipeline=False, progress=False, max_mesh_dims=2)
+    graph = _graph(model)
+    device = parse_devices(devices).device
+    plans = list(f.plans) + list(f.reference.values())
+    tied = 0.0
+    for p in plans:
+        cm = CostModel(device, training=TrainingConfig.of_plan(p.training))
+        colls = predicted_collectives(p, graph)
+        want = p.breakdown["comm_s"] + p.breakdown["relayout_s"]
+        assert cm.price(colls, _mesh(p)) == pytest.approx(want, rel=1e-12, abs=1e-18), p.summary
+        tied += cm.price([c for c in colls if c.where.startswith(("tied", "grad of tied"))], _mesh(p))
+    if tied_uses(graph) and model == "gpt-tiny":
+        assert tied > 0, "the tied lm_head's moves are priced on some plan"
+
+
+def test_issued_collectives_share_moves_and_report_the_loss():
+    """On a data-parallel plan every operator splits the batch: no edge moves anything, the
+    gradients are reduced once each, and the apply layer adds the reported loss value."""
+    f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False)
+    graph = _graph("gpt-tiny")
+    dp = f.reference["data parallel"]
+    priced = summarize(predicted_collectives(dp, graph))
+    issued = issued_collectives(dp, graph, "replicate")
+    # FSDP2 sums the tied embedding's two uses before one reduction: the cost model prices the
+    # later use's reduction too
+    assert summarize(issued)["all_reduce"]["count"] == priced["all_reduce"]["count"]
+    assert [c.where for c in issued if not c.priced] == ["reported loss value"]
+    assert summarize([c for c in issued if c.priced])["all_reduce"]["bytes"] < priced["all_reduce"]["bytes"]
+
+
+def test_issued_tied_moves_start_from_the_first_users_layout():
+    graph = _graph("gpt-tiny")
+    f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False, zero=False, recompute=False)
+    (i, k), = tied_uses(graph)
+    first = next(j for j, op in enumerate(graph.operators) if graph.operators[i].param_names[k] in op.param_names)
+    for p in f.plans:
+        issued = [c for c in issued_collectives(p, graph, "dtensor") if c.where.startswith("tied")]
+        same = OpConfig.parse(p.ops[first].config).splits == OpConfig.parse(p.ops[i].config).splits
+        assert all(not c.priced for c in issued)
+        if same:
+            assert not issued
+
+
+def test_relayout_table():
+    shape = (4,)
+    n = 1024.0
+    kinds = lambda cs: [(c.kind, c.phase) for c in cs]  # noqa: E731
+    assert kinds(relayout_collectives(n, (REPLICATE,), (Shard(0),), (False,), (False,), shape)) == \
+        [("all_gather", "backward")]
+    s01 = relayout_collectives(n, (Shard(0),), (Shard(1),), (False,), (False,), shape)
+    assert kinds(s01) == [("all_to_all", "forward"), ("all_to_all", "backward")] and s01[0].bytes == n / 4
+    assert relayout_collectives(n, (Shard(0),), (Shard(1),), (True,), (False,), shape) == []
+    assert kinds(relayout_collectives(n, (REPLICATE,), (REPLICATE,), (False,), (True,), shape)) == \
+        [("all_reduce", "backward")]
+    # another axis' shard divides what this axis moves; an axis of one device moves nothing
+    two = relayout_collectives(n, (REPLICATE, Shard(0)), (Shard(1), Shard(0)), (False, True), (False, False), (2, 4))
+    assert two == [Collective("all_gather", 0, n / 4, "backward")]
+    assert relayout_collectives(n, (REPLICATE,), (Shard(0),), (False,), (True,), (1,)) == []
