@@ -15,14 +15,16 @@ from tensoropt.engine.peakgraph import PeakGraph, Region, Term
 
 
 def random_peak_graph(seed: int, n_ops: int = 6, k_range=(1, 3), regions: int = 3, modes: bool = True,
-                      exclude: bool = False, skip_prob: float = 0.4, chain: int = 0) -> PeakGraph:
+                      exclude: bool = False, skip_prob: float = 0.4, chain: int = 0, units: bool = False) -> PeakGraph:
     """``chain`` > 1 builds that many identical regions (same tables, same shape of terms
-    relative to the region) after the first ``regions`` ones."""
+    relative to the region) after the first ``regions`` ones. ``units``: a region with a
+    mode node is cut into one region per operator, the run of them a unit."""
     rng = np.random.default_rng(seed)
     ks: list[int] = []
     names: list[str] = []
     additive: list[Term] = []
     regs: list[Region] = []
+    unit_spans: list[tuple[int, int]] = []
     order: list[int] = []          # operators in execution order
 
     def new_node(name: str, k: int) -> int:
@@ -63,6 +65,12 @@ def random_peak_graph(seed: int, n_ops: int = 6, k_range=(1, 3), regions: int = 
         if mode is not None:
             kinds["base"].append(Term((mode, ops[-1]), _mode_zero(table((2, ks[ops[-1]])), True, 0)))
             additive.append(Term((mode, ops[0]), table((2, ks[ops[0]], 2))))
+            if units and len(ops) > 1:
+                kinds["remat"] = kinds.pop("view")
+                _split(regs, unit_spans, ops, mode, kinds, name)
+                order.extend(ops)
+                return
+            kinds["remat"] = kinds.pop("view")
         regs.append(Region(tuple(ops) + ((mode,) if mode is not None else ()), mode,
                            **{k: tuple(v) for k, v in kinds.items()}, name=name))
         order.extend(ops)
@@ -82,7 +90,23 @@ def random_peak_graph(seed: int, n_ops: int = 6, k_range=(1, 3), regions: int = 
         for e in exc:
             e[rng.integers(len(e))] = True         # the excluded combination exists
     return PeakGraph.build(names, ks, additive, regs, chain=tuple(range(first_chain, len(regs))) if chain > 1 else (),
-                           exclude=exc)
+                           exclude=exc, units=unit_spans)
+
+
+def _split(regs, unit_spans, ops, mode, kinds, name):
+    """One region per operator, the mode node in the first, base terms in the last; every
+    term goes to the region of its latest operator."""
+    first = len(regs)
+    per: list[dict[str, list[Term]]] = [{k: [] for k in kinds} for _ in ops]
+    at = {op: i for i, op in enumerate(ops)}
+    for kind, terms in kinds.items():
+        for t in terms:
+            i = max((at[v] for v in t.scope if v in at), default=0)
+            per[len(ops) - 1 if kind == "base" else i][kind].append(t)
+    for i, op in enumerate(ops):
+        nodes = (op, mode) if i == 0 else (op,)
+        regs.append(Region(nodes, None, **{k: tuple(v) for k, v in per[i].items()}, name=f"{name}.{i}"))
+    unit_spans.append((first, len(regs) - 1))
 
 
 def _mode_zero(t: np.ndarray, has_mode: bool, zero_at: int) -> np.ndarray:

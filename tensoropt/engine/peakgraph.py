@@ -9,14 +9,20 @@ scope of nodes. For an assignment ``x`` (one configuration per node):
   rises above ``M``. Nodes are grouped into *regions*, consecutive runs of operators in
   execution order; backward visits them in reverse. Over the regions in forward order,
 
-      D_0 = -inf,   D_{g+1} = max(D_g - H_g(x), Y_g(x)),   Y_g = X_g + max(L_g, B_g + C_g)
+      E_g = E_{g-1} + Z_g
+      C*_g = max(C*_{g-1}, E_g + C_g)
+      D_g = max(D_{g-1} - H_g, X_g + E_g + L_g)
+      then, at the end of a unit:  D_g = max(D_g, B_g + C*_g),  E_g = 0,  C*_g = -inf
 
-  with, per region ``g``, sums ``H_g`` (the activations it holds for backward, as the
-  regions after it see them: one micro-batch's), ``X_g`` (what its own backward holds
-  beyond ``H_g``, e.g. rematerialised activations), ``B_g``, and maxima ``L_g`` and
-  ``C_g`` over its *positions* (moments of its backward: a term's value is how far
-  memory rises there above the region's held activations). ``D - H`` is the rise of an
-  earlier moment seen from later: the activations freed in between no longer count.
+  with ``D_0 = -inf``, ``E_0 = 0``, ``C*_0 = -inf``, and per region ``g`` sums ``H_g``
+  (the activations it holds for backward, as the regions after it see them: one
+  micro-batch's), ``X_g`` (what its backward holds beside them: pending gradients), ``Z_g``
+  (rematerialised activations: seen by the later positions of its *unit* only), ``B_g``,
+  and maxima ``L_g`` and ``C_g`` over its *positions* (moments of its backward, and of a
+  unit's recomputed forward: a term's value is how far memory rises there). ``D - H`` is the
+  rise of an earlier moment seen from later: the activations freed in between no longer
+  count. A *unit* is a run of regions (``PeakGraph.units``; every other region is a unit of
+  its own) whose rematerialised activations build up together and are freed together.
 
 This is the recurrence the engine solves exactly; :meth:`PeakGraph.evaluate` computes it
 for one assignment and is the reference the solver's results are checked against.
@@ -37,8 +43,8 @@ import numpy as np
 __all__ = ["Term", "Region", "PeakGraph", "REGION_KINDS"]
 
 # The per-region term lists and how each combines over its terms.
-REGION_KINDS = ("held", "view", "local", "base", "rise")
-_SUMS = ("held", "view", "base")
+REGION_KINDS = ("held", "view", "remat", "local", "base", "rise")
+_SUMS = ("held", "view", "remat", "base")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Region:
     mode: int | None = None
     held: tuple[Term, ...] = ()
     view: tuple[Term, ...] = ()
+    remat: tuple[Term, ...] = ()
     local: tuple[Term, ...] = ()
     base: tuple[Term, ...] = ()
     rise: tuple[Term, ...] = ()
@@ -74,6 +81,8 @@ class PeakGraph:
     regions: tuple[Region, ...]
     # Consecutive regions declared identical (a chain of repeated blocks), by region index.
     chain: tuple[int, ...] = ()
+    # Runs of regions (first, last) that form one unit each; other regions are units alone.
+    units: tuple[tuple[int, int], ...] = ()
     # Per node, a boolean mask of configurations; None when nothing is excluded.
     exclude: tuple[np.ndarray, ...] | None = None
     region_of: tuple[int, ...] = field(default=(), compare=False)
@@ -81,7 +90,8 @@ class PeakGraph:
     @staticmethod
     def build(names: Sequence[str], n_configs: Sequence[int], additive: Sequence[Term],
               regions: Sequence[Region], chain: Sequence[int] = (),
-              exclude: Sequence[np.ndarray] | None = None) -> "PeakGraph":
+              exclude: Sequence[np.ndarray] | None = None,
+              units: Sequence[tuple[int, int]] = ()) -> "PeakGraph":
         """Check and freeze a graph (tables are copied and made read-only)."""
         names = tuple(names)
         ks = tuple(int(k) for k in n_configs)
@@ -129,7 +139,22 @@ class PeakGraph:
         chain = tuple(int(g) for g in chain)
         if chain and (any(b != a + 1 for a, b in zip(chain, chain[1:])) or len(chain) < 2):
             raise ValueError("a chain is at least two consecutive regions")
-        return PeakGraph(names, ks, adds, tuple(regs), chain, exclude, tuple(region_of))
+        units = tuple((int(a), int(b)) for a, b in units)
+        end = -1
+        for a, b in units:
+            if not (end < a < b < len(regs)):
+                raise ValueError(f"units must be ordered, disjoint runs of at least two regions, got {units}")
+            end = b
+            for g in range(a, b + 1):
+                if regs[g].mode is not None:
+                    raise ValueError(f"region {g} of a unit has a mode node of its own")
+                if g < b and regs[g].base:
+                    raise ValueError(f"region {g}: base terms belong to the last region of its unit")
+        for g, reg in enumerate(regs):
+            if any((t.table < 0).any() for t in reg.remat):
+                raise ValueError(f"region {g}: rematerialised activations must be >= 0")
+        return PeakGraph(names=names, n_configs=ks, additive=adds, regions=tuple(regs), chain=chain, units=units,
+                         exclude=exclude, region_of=tuple(region_of))
 
     @property
     def n_nodes(self) -> int:
@@ -153,14 +178,19 @@ class PeakGraph:
         tm = np.zeros((len(a), 2))
         for term in self.additive:
             tm += term.at(a)
-        d = np.full(len(a), -np.inf)
-        for reg in self.regions:
-            h, x, b = (sum((t.at(a) for t in reg.terms(k)), np.zeros(len(a))) for k in _SUMS)
-            low = np.full(len(a), -np.inf)
+        low = np.full(len(a), -np.inf)
+        d, e, cs = low, np.zeros(len(a)), low
+        inside = {g for a0, b in self.units for g in range(a0, b)}
+        for g, reg in enumerate(self.regions):
+            h, x, z, b = (sum((t.at(a) for t in reg.terms(k)), np.zeros(len(a))) for k in _SUMS)
             lo = np.max([t.at(a) for t in reg.local], axis=0) if reg.local else low
             c = np.max([t.at(a) for t in reg.rise], axis=0) if reg.rise else low
-            y = x + np.maximum(lo, b + c)
-            d = np.maximum(d - h, y)
+            e = e + z
+            cs = np.maximum(cs, e + c)
+            d = np.maximum(d - h, x + e + lo)
+            if g not in inside:
+                d = np.maximum(d, b + cs)
+                e, cs = np.zeros(len(a)), low
         peak = tm[:, 1] + np.maximum(d, 0.0)
         return np.column_stack([tm, peak])
 

@@ -3,26 +3,31 @@
 The recurrence runs over the regions in order, so the search does too: the state after
 region ``g`` is a factor over the nodes of regions ``<= g`` that later terms still read
 (the *live* nodes at that cut), and each of its entries is the Pareto set of
-``(time, R, D)`` over the assignments of everything before the cut, where ``R`` is the
-memory summed so far and ``D`` the recurrence's running rise. Appending region ``g``
-(:func:`_fold_rule`) maps a state point and a point of the region's *piece* to
+``(time, R, A)`` over the assignments of everything before the cut, where ``R`` is the
+memory summed so far and ``A = R + D`` (the recurrence's running rise on top of it).
+A region's *piece* gives, for every configuration of the live nodes on either side of it,
+the Pareto set of ``(t, M, P1, P2)``, ``P1 = M - H`` and ``P2 = M + Y``, and appending it is
 
-    (t + t_g,  R + M_g,  max(D - H_g, Y_g)),
+    (t + t_g,  R + M_g,  max(A + P1_g, R + P2_g))
 
-which is monotone in every coordinate (non-increasing in ``H_g``), so dominated points
-never lead to a better final ``(time, R + max(0, D))`` and dropping them is exact.
+since ``R + M + max(D - H, Y) = max(A + (M - H), R + (M + Y))``. The rule is monotone in
+every coordinate, so dominated points never lead to a better final ``(time, max(R, A))``
+and dropping them is exact. Inside a unit of several regions the state also carries the
+unit's rematerialised activations ``E`` and its recomputed forward's highest point ``C*``.
 
-A region's piece is the Pareto set of ``(t, M, -H, Y)`` over its own nodes, for every
-configuration of the live nodes on either side of it: variable elimination (the fold
-order of ``elimination.plan_elimination``) over its terms, with coordinates
-``(t, M, -H, X, L, B, C)`` merged by sum or max as the recurrence says, read out as
-``Y = X + max(L, B + C)``; a mode node's configurations are solved one at a time.
+A piece is variable elimination (the fold order of ``elimination.plan_elimination``) over
+the region's terms, in coordinates ``(t, M, M - H, X, Z, L, B, C)`` merged by sum or max
+as the recurrence says; a mode node's configurations are solved one at a time.
 
-Two refinements keep the sets small without changing any result:
+Three refinements keep the sets small without changing any result:
 
-* once ``D`` cannot matter any more, it is raised to a floor: after cut ``c`` the final
+* once ``D`` cannot matter any more it is raised to a floor: after cut ``c`` the final
   ``max(0, D)`` ignores every ``D <= b_c``, where ``b_c`` is a lower bound, over all
   completions, of ``max(H_[c,end], max_g (H_[c,g] + Y_g))`` (from each term's least value);
+  a piece's ``Y`` below the floor and its ``H`` beyond what any state's ``D`` needs to fall
+  to the floor are raised and capped to those levels, and coordinates that then cannot
+  change are left out of its elimination;
+* positions that can never rise past that level are left out;
 * identical consecutive regions (``PeakGraph.chain``) share one piece.
 
 With ``PeakGraph.exclude`` every point also carries whether all its nodes took a marked
@@ -46,10 +51,12 @@ from .peakgraph import PeakGraph, Term
 __all__ = ["solve_peak", "PeakResult"]
 
 # Coordinates of a piece while its nodes are folded out, and how each merges.
-_VE_COORDS = ("t", "M", "MH", "X", "L", "B", "C")
-_VE_OPS = {"t": "sum", "M": "sum", "MH": "sum", "X": "sum", "L": "max", "B": "sum", "C": "max", "cls": "and"}
+_VE_COORDS = ("t", "M", "MH", "X", "Z", "L", "B", "C")
+_VE_OPS = {"t": "sum", "M": "sum", "MH": "sum", "X": "sum", "Z": "sum", "L": "max", "B": "sum", "C": "max",
+           "cls": "and"}
 _NEUTRAL = {"sum": 0.0, "max": -np.inf, "and": 1.0}
-_KIND_COORD = {"held": "MH", "view": "X", "local": "L", "base": "B", "rise": "C"}
+_KIND_COORD = {"held": "MH", "view": "X", "remat": "Z", "local": "L", "base": "B", "rise": "C"}
+_LOW = -np.inf
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,34 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
     plan = _Layout(graph)
     grouped = graph.exclude is not None
     state = kf.leaf((), np.array([0.0, 0.0, plan.floor[0]] + ([1.0] if grouped else [])))   # A = R + b_0
-    pieces: dict[int, kf.KFactor] = {}
+    maps = _chain_maps(graph, plan)
+    template: kf.KFactor | None = None
     try:
         for g in range(len(graph.regions)):
-            piece = _piece(graph, plan, g, deadline)
-            pieces[g] = piece
-            floor = plan.floor[g + 1]
+            unit = plan.unit_of.get(g)
+            if unit is not None:
+                if g == unit[0]:
+                    state = _open_unit(state, grouped)
+                piece = _piece(graph, plan, g, deadline, in_unit=True)
+                rule = _unit_rule(grouped, close=g == unit[1], floor=plan.floor[g + 1])
+            else:
+                if g in maps and template is not None:
+                    piece = _relabel(template, maps[g], plan.floor[g + 1], plan.ceiling[g] - plan.floor[g + 1])
+                elif maps and g == graph.chain[1]:
+                    # the template serves every region it stands for: the lowest floor, highest ceiling
+                    shared = [g] + list(maps)
+                    piece = template = _piece(graph, plan, g, deadline, min(plan.floor[r + 1] for r in shared),
+                                              max(plan.ceiling[r] for r in shared))
+                else:
+                    piece = _piece(graph, plan, g, deadline)
+                rule = _fold_rule(grouped, plan.floor[g + 1])
             gone = tuple(v for v in plan.live[g] if v not in plan.live[g + 1])
-            state = kf.combine(state, piece, _fold_rule(grouped, floor), eliminate=gone, deadline=deadline)
+            state = kf.combine(state, piece, rule, eliminate=gone, deadline=deadline)
+            plan.widest_state = max(plan.widest_state, state.width)
     except SolveTimeout as err:
         raise SolveTimeout(f"peak frontier search stopped after {time.monotonic() - start:.1f} s "
                            f"(time_limit_s={time_limit_s}): {err}") from None
-    vals, src = state.vals, state.src
+    vals = state.vals
     ok = np.isfinite(vals[:, 0])
     if grouped:
         ok &= vals[:, 3] == 0.0
@@ -92,15 +115,15 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
     found: dict[int, np.ndarray] = {}
     if len(points):
         kf.reconstruct(state, idx[keep], found)
-    if len(points) and len(found) != graph.n_nodes:
-        missing = sorted(set(range(graph.n_nodes)) - set(found))[:5]
-        raise AssertionError(f"reconstruction left nodes {missing} unassigned")
+        if len(found) != graph.n_nodes:
+            missing = sorted(set(range(graph.n_nodes)) - set(found))[:5]
+            raise AssertionError(f"reconstruction left nodes {missing} unassigned")
     assignments = np.column_stack([np.broadcast_to(found[v], (len(points),)) for v in range(graph.n_nodes)]) \
         if len(points) else np.zeros((0, graph.n_nodes), dtype=np.int64)
     _verify(graph, points, assignments)
     stats = {"seconds": time.monotonic() - start, "regions": len(graph.regions),
-             "max_live": max((len(s) for s in plan.live), default=0),
-             "widest_state": plan.widest}
+             "max_live": max((len(s) for s in plan.live), default=0), "widest_piece": plan.widest,
+             "widest_state": plan.widest_state, "pieces_reused": len(maps) if template is not None else 0}
     return PeakResult(points, assignments.astype(np.int64), stats)
 
 
@@ -108,7 +131,8 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
 
 
 class _Layout:
-    """Which terms each region's piece holds, the live nodes at every cut and the floors."""
+    """Which terms each region's piece holds, the live nodes at every cut, the units, and
+    the floors and ceilings of ``D`` at every cut."""
 
     def __init__(self, graph: PeakGraph):
         n_regions = len(graph.regions)
@@ -130,35 +154,28 @@ class _Layout:
                 raise ValueError(f"mode node {graph.names[reg.mode]!r} is read by a later region's term")
         self.live = [tuple(v for v in range(graph.n_nodes) if region_of[v] < c <= last_use[v])
                      for c in range(n_regions + 1)]
-        self.bounds = _bounds(graph)
-        self.floor = self.bounds.floor
+        self.unit_of = {g: (a, b) for a, b in graph.units for g in range(a, b + 1)}
+        self.variants, self.floor, self.ceiling = _bounds(graph, self.unit_of)
         self.widest = 0
+        self.widest_state = 0
 
 
 @dataclass(frozen=True)
 class _Extremes:
-    """Bounds of one region variant's H and Y over its assignments, from each term's extremes."""
+    """Bounds of one region variant's terms over its assignments, from each term's extremes:
+    its held activations H, and the highest position ``y`` it can reach (``x + z + l`` or
+    ``b + z + c``, its remat ``z`` counted whole)."""
     h_min: float
     h_max: float
     y_min: float
     y_max: float
     x_max: float
+    z_max: float
     b_max: float
-
-
-@dataclass(frozen=True)
-class _Bounds:
-    """Per region and variant (mode configuration) its :class:`_Extremes`, and per cut ``c``:
-    ``floor[c]`` (``b_c``: a ``D`` at or below it cannot change any final result) and
-    ``ceiling[c]``, an upper bound of the state's ``D`` there (after raising to the floor)."""
-    variants: list[dict]
-    floor: list[float]
-    ceiling: list[float]
+    z_min: float
 
 
 def _extremes(reg, mode: int | None) -> _Extremes:
-    low = -np.inf
-
     def tables(kind):
         return [_at_mode(t, reg.mode, mode) for t in reg.terms(kind)]
 
@@ -166,11 +183,12 @@ def _extremes(reg, mode: int | None) -> _Extremes:
         return sum(float(f(t)) for t in tables(kind))
 
     def most(kind, f):
-        return max((float(f(t)) for t in tables(kind)), default=low)
-    x_max, b_max = total("view", np.max), total("base", np.max)
-    y_min = total("view", np.min) + max(most("local", np.min), total("base", np.min) + most("rise", np.min))
-    y_max = x_max + max(most("local", np.max), b_max + most("rise", np.max))
-    return _Extremes(total("held", np.min), total("held", np.max), y_min, y_max, x_max, b_max)
+        return max((float(f(t)) for t in tables(kind)), default=_LOW)
+    x, z, b = (total(k, np.max) for k in ("view", "remat", "base"))
+    y_min = total("remat", np.min) + max(total("view", np.min) + most("local", np.min),
+                                          total("base", np.min) + most("rise", np.min))
+    y_max = z + max(x + most("local", np.max), b + most("rise", np.max))
+    return _Extremes(total("held", np.min), total("held", np.max), y_min, y_max, x, z, b, total("remat", np.min))
 
 
 def _at_mode(term: Term, mode_node: int | None, mode: int | None) -> np.ndarray:
@@ -180,26 +198,46 @@ def _at_mode(term: Term, mode_node: int | None, mode: int | None) -> np.ndarray:
     return np.take(term.table, mode, axis=term.scope.index(mode_node))
 
 
-def _bounds(graph: PeakGraph) -> _Bounds:
+def _bounds(graph: PeakGraph, unit_of: dict[int, tuple[int, int]]):
+    """Per region its variants' :class:`_Extremes`, and the floor and ceiling of ``D`` at
+    every cut. Inside a unit of several regions nothing is raised (floor -inf); a unit counts
+    as one block whose highest position is bounded with all its remat counted."""
     variants = []
     for reg in graph.regions:
         modes = range(graph.n_configs[reg.mode]) if reg.mode is not None else (None,)
         variants.append({m: _extremes(reg, m) for m in modes})
-    h_min = [min(v.h_min for v in var.values()) for var in variants]
-    y_min = [min(v.y_min for v in var.values()) for var in variants]
-    y_max = [max(v.y_max for v in var.values()) for var in variants]
     n = len(graph.regions)
-    floor = [0.0] * (n + 1)
-    for c in range(n - 1, -1, -1):
-        held, best = 0.0, -np.inf
-        for g in range(c, n):
-            held += h_min[g]
-            best = max(best, held + y_min[g])   # H_[c,g] + Y_g
-        floor[c] = max(held, best)              # held is now H_[c,end]
-    ceiling = [floor[0]]
-    for g in range(n):
-        ceiling.append(max(floor[g + 1], ceiling[g] - h_min[g], y_max[g]))
-    return _Bounds(variants, floor, ceiling)
+    blocks, g = [], 0
+    while g < n:
+        a, b = unit_of.get(g, (g, g))
+        blocks.append((a, b))
+        g = b + 1
+    h_min, y_min, y_max = [], [], []
+    for a, b in blocks:
+        ext = [variants[g] for g in range(a, b + 1)]
+        h_min.append(sum(min(v.h_min for v in e.values()) for e in ext))
+        if a == b:
+            y_min.append(min(v.y_min for v in ext[0].values()))
+            y_max.append(max(v.y_max for v in ext[0].values()))
+        else:
+            z = sum(max(v.z_max for v in e.values()) for e in ext)
+            y_min.append(_LOW)
+            y_max.append(max(max(v.y_max for v in e.values()) for e in ext) + z)
+    floor = [_LOW] * (n + 1)
+    floor[n] = 0.0
+    for i in range(len(blocks) - 1, -1, -1):
+        held, best = 0.0, _LOW
+        for j in range(i, len(blocks)):
+            held += h_min[j]
+            best = max(best, held + y_min[j])   # H_[c,g] + Y_g
+        floor[blocks[i][0]] = max(held, best)   # held is now H_[c,end]
+    ceiling = [floor[0]] + [np.inf] * n
+    for i, (a, b) in enumerate(blocks):
+        ceiling[b + 1] = max(floor[b + 1], ceiling[a] - h_min[i], y_max[i])
+    return variants, floor, ceiling
+
+
+# ---------------------------------------------------------------------------- rules
 
 
 def _fold_rule(grouped: bool, floor: float) -> kf.Rule:
@@ -213,6 +251,35 @@ def _fold_rule(grouped: bool, floor: float) -> kf.Rule:
         cols = [t, r, a] + ([np.minimum(s[..., 3], p[..., 4])] if grouped else [])
         return np.stack(np.broadcast_arrays(*cols), axis=-1)
     return kf.Rule(merge, 4 if grouped else 3, 3 if grouped else None, native=("fold", floor))
+
+
+def _open_unit(state: kf.KFactor, grouped: bool) -> kf.KFactor:
+    """The state entering a unit: (t, R, A[, g]) -> (t, R, A, E = 0, C* = -inf[, g])."""
+    v = state.vals
+    extra = np.zeros(v.shape[:-1] + (2,))
+    extra[..., 1] = _LOW
+    vals = np.concatenate([v[..., :3], extra] + ([v[..., 3:4]] if grouped else []), axis=-1)
+    return kf.KFactor(state.scope, vals, state.src, state.kind, state.inputs, state.eliminated,
+                      state.elim_sizes, state.extra)
+
+
+def _unit_rule(grouped: bool, close: bool, floor: float) -> kf.Rule:
+    """Inside a unit: state (t, R, A, E, C*) with a piece (t, M, P1, Q = M + X + L, Z, C, B):
+    ``E' = E + Z``, ``A' = max(A + P1, R + Q + E')``, ``C*' = max(C*, E' + C)``; at the unit's
+    last region ``A`` also takes ``R' + B + C*'`` and the state returns to (t, R, A)."""
+    def merge(s: np.ndarray, p: np.ndarray) -> np.ndarray:
+        t = s[..., 0] + p[..., 0]
+        r = s[..., 1] + p[..., 1]
+        e = s[..., 3] + p[..., 4]
+        a = np.maximum(s[..., 2] + p[..., 2], s[..., 1] + p[..., 3] + e)
+        cs = np.maximum(s[..., 4], e + p[..., 5])
+        group = [np.minimum(s[..., 5], p[..., 7])] if grouped else []
+        if close:
+            a = np.maximum(np.maximum(a, r + p[..., 6] + cs), r + floor)
+            return np.stack(np.broadcast_arrays(t, r, a, *group), axis=-1)
+        return np.stack(np.broadcast_arrays(t, r, a, e, cs, *group), axis=-1)
+    k = (3 if close else 5) + (1 if grouped else 0)
+    return kf.Rule(merge, k, k - 1 if grouped else None)
 
 
 def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
@@ -235,37 +302,46 @@ def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
 # ---------------------------------------------------------------------------- pieces
 
 
-def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline) -> kf.KFactor:
-    """The region's Pareto sets of (t, M, M - H, M + Y[, group]) over the live nodes on both sides."""
+def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline, floor: float | None = None,
+           ceiling: float | None = None, in_unit: bool = False) -> kf.KFactor:
+    """The region's Pareto sets over the live nodes on both sides: (t, M, M - H, M + Y[, group])
+    for a region that is its own unit, (t, M, M - H, M + X + L, Z, C, B[, group]) inside one."""
     reg = graph.regions[g]
     boundary = tuple(sorted(set(plan.live[g]) | set(plan.live[g + 1])))
     grouped = graph.exclude is not None
-    bd = plan.bounds
-    floor, ceiling = bd.floor[g + 1], bd.ceiling[g]
+    floor = plan.floor[g + 1] if floor is None else floor
+    ceiling = plan.ceiling[g] if ceiling is None else ceiling
     kinds = {kind: reg.terms(kind) for kind in _KIND_COORD}
     modes = range(graph.n_configs[reg.mode]) if reg.mode is not None else (None,)
     roots, parts = [], []
     for mode in modes:
-        ext = bd.variants[g][mode]
-        # H matters only if some state's D minus it can pass the floor, Y only if it can
-        need = {"MH": ceiling - ext.h_min > floor}
-        need.update(dict.fromkeys(("X", "L", "B", "C"), ext.y_max > floor))
-        present = [c for c in _VE_COORDS if c in ("t", "M")
+        ext = plan.variants[g][mode]
+        if in_unit:
+            need = dict.fromkeys(_VE_COORDS, True)
+            lift: dict[str, float] = {}
+        else:
+            # H matters only if some state's D minus it can pass the floor, Y only if it can
+            need = {"MH": ceiling - ext.h_min > floor}
+            need.update(dict.fromkeys(("X", "Z", "L", "B", "C"), ext.y_max > floor))
+            # max-coordinates below these levels leave Y at or under the floor: raised to them
+            lift = {"L": floor - ext.x_max - ext.z_max, "C": floor - ext.z_max - ext.b_max}
+        present = [c for c in _VE_COORDS if c in ("t", "M") or (c == "MH" and need[c])
                    or (need[c] and any(kinds[k] for k, cc in _KIND_COORD.items() if cc == c))]
         coords = tuple(present) + (("cls",) if grouped else ())
         rule = _ve_rule(coords)
-        # max-coordinates below these levels leave Y at or under the floor: raised to them
-        lift = {"L": floor - ext.x_max, "C": floor - ext.x_max - ext.b_max}
         leaves = _leaves(graph, plan, g, coords, mode, lift)
         root = _eliminate(leaves, boundary, graph.n_configs, rule, deadline)
         roots.append(root)
-        parts.append(_read_out(root.vals, coords, grouped, floor, ceiling - floor))
+        if in_unit:
+            parts.append(_read_out_unit(root.vals, coords, grouped))
+        else:
+            parts.append(_read_out(root.vals, coords, grouped, floor, ceiling - floor))
     widths = [p.shape[-2] for p in parts]
     offsets = np.cumsum([0] + widths)
     cand = np.concatenate(parts, axis=-2)
     dims = cand.shape[:-2]
     flat = cand.reshape(-1, cand.shape[-2], cand.shape[-1])
-    keep = kd_prune(flat, 4 if grouped else None)
+    keep = kd_prune(flat, cand.shape[-1] - 1 if grouped else None)
     vals = np.take_along_axis(flat, np.maximum(keep, 0)[..., None], axis=1)
     pad = keep < 0
     vals[pad] = 0.0
@@ -274,14 +350,13 @@ def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline) -> kf.KFactor:
     plan.widest = max(plan.widest, width)
     mode_node = reg.mode
 
-    def unfold(ctx, code, assignment, stack):
+    def unfold(ctx, code, assignment, stack=None):
         variant = np.searchsorted(offsets, code, side="right") - 1
         local = code - offsets[variant]
         for vi in np.unique(variant):
             sel = variant == vi
             sub = {v: np.broadcast_to(ctx[v], code.shape)[sel] for v in boundary}
             if mode_node is not None:
-                assignment.setdefault(mode_node, np.zeros(code.shape, dtype=np.int64))
                 _set(assignment, mode_node, sel, vi, code.shape)
             found = dict(sub)
             kf.reconstruct(roots[vi], local[sel], found)
@@ -293,11 +368,72 @@ def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline) -> kf.KFactor:
                       "custom", extra={"reconstruct": unfold})
 
 
+def _chain_maps(graph: PeakGraph, plan: _Layout) -> dict[int, dict[int, int]]:
+    """For each region of the chain after the second whose terms are those of the second
+    (``PeakGraph.chain[1]``, the template) moved one block on per block: the map from the
+    template's nodes (and its previous block's) to this region's. Regions that differ in any
+    table, configuration count, exclusion or live set are left out (solved on their own)."""
+    chain = graph.chain
+    if len(chain) < 3 or any(g in plan.unit_of for g in chain):
+        return {}
+    t0 = chain[1]
+    out = {}
+    regs = graph.regions
+    chained = {v for r in chain for v in regs[r].nodes}
+    for g in chain[2:]:
+        fwd = {}
+        ok = len(regs[g].nodes) == len(regs[t0].nodes) and len(regs[g - 1].nodes) == len(regs[t0 - 1].nodes)
+        if ok:
+            fwd.update(zip(regs[t0].nodes, regs[g].nodes))
+            fwd.update(zip(regs[t0 - 1].nodes, regs[g - 1].nodes))
+            ok = (regs[g].mode is None) == (regs[t0].mode is None) and \
+                (regs[t0].mode is None or fwd[regs[t0].mode] == regs[g].mode)
+        if ok:
+            ok = all(graph.n_configs[a] == graph.n_configs[b] for a, b in fwd.items())
+        if ok and graph.exclude is not None:
+            ok = all(np.array_equal(graph.exclude[a], graph.exclude[b]) for a, b in fwd.items())
+        if ok:
+            m = lambda v: fwd.get(v, None if v in chained else v)  # noqa: E731
+            ok = _same_terms(plan.additive[t0], plan.additive[g], m) and all(
+                _same_terms(regs[t0].terms(k), regs[g].terms(k), m) for k in _KIND_COORD)
+            ok = ok and [m(v) for v in plan.live[t0]] == list(plan.live[g]) \
+                and [m(v) for v in plan.live[t0 + 1]] == list(plan.live[g + 1])
+        if ok:
+            out[g] = fwd
+    return out
+
+
+def _same_terms(a: list[Term], b: list[Term], m) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if tuple(m(v) for v in x.scope) != y.scope or not np.array_equal(x.table, y.table):
+            return False
+    return True
+
+
+def _relabel(template: kf.KFactor, fwd: dict[int, int], floor: float, slack: float) -> kf.KFactor:
+    """The template's piece over this region's nodes, raised to this region's floor and slack
+    (the template was solved with the lowest and highest of those it stands for)."""
+    inv = {b: a for a, b in fwd.items()}
+    unfold = template.extra["reconstruct"]
+
+    def mapped(ctx, code, assignment, stack=None):
+        found: dict[int, np.ndarray] = {}
+        unfold({inv.get(v, v): c for v, c in ctx.items()}, code, found)
+        for v, c in found.items():
+            assignment[fwd.get(v, v)] = c
+
+    vals = template.vals.copy()
+    vals[..., 3] = np.maximum(vals[..., 3], vals[..., 1] + floor)
+    vals[..., 2] = np.maximum(vals[..., 2], vals[..., 1] - slack)
+    return kf.KFactor(tuple(fwd.get(v, v) for v in template.scope), vals, template.src, "custom",
+                      extra={"reconstruct": mapped})
+
+
 def _set(assignment: dict, v: int, sel: np.ndarray, value, shape) -> None:
     cur = assignment.get(v)
-    if cur is None or np.shape(cur) != shape:
-        cur = np.zeros(shape, dtype=np.int64) if cur is None else np.array(np.broadcast_to(cur, shape))
-    cur = np.array(cur)
+    cur = np.zeros(shape, dtype=np.int64) if cur is None else np.array(np.broadcast_to(cur, shape))
     cur[sel] = value
     assignment[v] = cur
 
@@ -334,10 +470,8 @@ def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mo
     for v in reg.nodes:
         if v == reg.mode:
             continue
-        if "cls" in coords:
-            add(Term((v,), np.zeros(graph.n_configs[v])), {"cls": graph.exclude[v].astype(float)})
-        else:
-            add(Term((v,), np.zeros(graph.n_configs[v])), {})
+        flags = {"cls": graph.exclude[v].astype(float)} if "cls" in coords else {}
+        add(Term((v,), np.zeros(graph.n_configs[v])), flags)
     if "cls" in coords and reg.mode is not None:
         flag = float(graph.exclude[reg.mode][mode])
         out.append(kf.leaf((), np.where(np.array(coords) == "cls", flag, neutral)))
@@ -363,10 +497,9 @@ def _eliminate(leaves: list[kf.KFactor], keep: tuple[int, ...], sizes, rule: kf.
         table.append(kf.combine(acc, _unit(rule), rule, eliminate=(step.node,), deadline=deadline))
         for i in step.factors:
             table[i].release()
-    rest = [table[i] for i in plan.leftover]
     acc = _unit(rule)
-    for f in rest:
-        acc = kf.combine(acc, f, rule, deadline=deadline)
+    for i in plan.leftover:
+        acc = kf.combine(acc, table[i], rule, deadline=deadline)
     for v in keep:          # every boundary node in the scope, in the boundary's order
         if v not in acc.scope:
             acc = kf.combine(acc, kf.leaf((v,), np.broadcast_to(rule.neutral, (sizes[v], rule.k))),
@@ -385,20 +518,34 @@ def _unit(rule: kf.Rule) -> kf.KFactor:
     return kf.leaf((), rule.neutral)
 
 
-def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool, floor: float, slack: float) -> np.ndarray:
-    """(t, M, P1, P2[, group]) from the elimination coordinates: ``P1 = M - H`` and
-    ``P2 = M + Y``, with Y raised to the floor and H capped at ``slack`` (ceiling - floor),
-    beyond which neither changes the next state."""
+def _coords(vals: np.ndarray, coords: tuple[str, ...]):
     get = {c: vals[..., i] for i, c in enumerate(coords)}
     zero = np.zeros(vals.shape[:-1])
-    low = np.full(vals.shape[:-1], -np.inf)
-    m = get["M"]
-    y = get.get("X", zero) + np.maximum(get.get("L", low), get.get("B", zero) + get.get("C", low))
+    low = np.full(vals.shape[:-1], _LOW)
+    return lambda c: get.get(c, low if _VE_OPS[c] == "max" else zero), get
+
+
+def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool, floor: float, slack: float) -> np.ndarray:
+    """(t, M, P1, P2[, group]) from the elimination coordinates: ``P1 = M - H`` and
+    ``P2 = M + Y``, ``Y = max(X + Z + L, B + Z + C)``, with Y raised to the floor and H capped
+    at ``slack`` (ceiling - floor), beyond which neither changes the next state."""
+    c, got = _coords(vals, coords)
+    m = c("M")
+    y = c("Z") + np.maximum(c("X") + c("L"), c("B") + c("C"))
     p2 = m + np.maximum(y, floor)
-    p1 = np.maximum(get.get("MH", low), m - slack)
-    cols = [get["t"], m, p1, p2] + ([get["cls"]] if grouped else [])
-    out = np.stack(cols, axis=-1)
-    out[..., 0] = np.where(np.isfinite(get["t"]), out[..., 0], np.inf)
+    p1 = np.maximum(got["MH"], m - slack) if "MH" in got else m - slack     # absent: H cannot matter
+    out = np.stack([c("t"), m, p1, p2] + ([c("cls")] if grouped else []), axis=-1)
+    out[..., 0] = np.where(np.isfinite(c("t")), out[..., 0], np.inf)
+    return out
+
+
+def _read_out_unit(vals: np.ndarray, coords: tuple[str, ...], grouped: bool) -> np.ndarray:
+    """(t, M, P1, Q, Z, C, B[, group]) inside a unit: ``Q = M + X + L``."""
+    c, _ = _coords(vals, coords)
+    m = c("M")
+    out = np.stack([c("t"), m, c("MH"), m + c("X") + c("L"), c("Z"), c("C"), c("B")]
+                   + ([c("cls")] if grouped else []), axis=-1)
+    out[..., 0] = np.where(np.isfinite(c("t")), out[..., 0], np.inf)
     return out
 
 
