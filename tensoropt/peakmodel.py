@@ -1,8 +1,8 @@
 """The step's peak memory of a mesh problem, as a :class:`~tensoropt.engine.PeakGraph`.
 
-This is where ``Plan.peak_memory_bytes`` is defined: the engine searches on it and plans
-are priced with it (:func:`PeakModel.evaluate`). Backward visits the operators in reverse;
-when operator ``p`` runs its backward the device holds
+This is where ``Plan.peak_memory_bytes`` is defined: every plan is priced with the exact
+graph (:meth:`PeakModel.evaluate`) and the engine searches on it. Backward visits the
+operators in reverse; when operator ``p`` runs its backward the device holds
 
 * the state and everything else the cost graph adds up at the end of the forward pass
   (``M``), less the activations of the operators after ``p``, already freed;
@@ -11,21 +11,27 @@ when operator ``p`` runs its backward the device holds
   of every output used again further on (a residual) whose last user is done;
 * or, for a moment, the backward buffers of a layout move into ``p`` instead of ``p``'s
   own activations;
-* in a recomputed unit, its rematerialised activations (and, under ZeRO-3, the parameters
-  the recomputation gathered); when the unit's backward starts, its second forward
-  holds at each operator the rematerialised activations, that operator's output, its
-  inputs' forward layout moves, the unit's outputs still waiting for a later user, and the
-  gradient of the unit's output;
+* in a recomputed unit, its rematerialised activations up to ``p`` (and, under ZeRO-3, the
+  parameters the recomputation gathered); when the unit's backward starts, its second
+  forward holds at each operator the activations rematerialised so far, that operator's
+  output, its inputs' forward layout moves, the unit's outputs still waiting for a later
+  user, and the gradient of the unit's output and of those pending beyond it;
 * for FSDP2 ``replicate`` plans (data parallel without ZeRO), the unsharded parameter copy
   and the gradients already reduced (measured on CPU/gloo: neither is released early).
 
-Operators are grouped into regions: each repeated block (recompute unit) is one, every
-other operator its own. Inside a region of several operators, "the activations of the
-operators after ``p``" are counted as their least over configurations (an upper bound on
-the peak, exact when they take their least); between regions the order is exact. The
-recurrence of ``engine.peakgraph`` carries this; the ``replicate`` holdings depend on the
-whole plan running that way, so those plans (one configuration per operator: the batch
-split on every axis) get a graph of their own and are excluded from the main one.
+The ``replicate`` holdings depend on the whole plan running that way, so those plans (one
+configuration per operator: the batch split on every axis) get a graph of their own and
+are excluded from the main one.
+
+Two granularities. The *exact* graph has one region per operator, and each recompute unit
+is a unit of regions (``PeakGraph.units``): it is this definition term for term, and what
+plans are priced with. Its search carries the joint configurations of every operator whose
+output is still read further on, so it is used where those stay few. Otherwise the search
+runs on the *block* graph: each repeated block one region, whose positions see the
+activations (or rematerialised ones) of the block's later operators at their least over
+configurations and every gradient pending anywhere in the block -- never below the exact
+peak, equal to it where the block's later operators take their least, so the plans it
+returns are within ``PeakModel.bound`` of the exact frontier (:func:`block_bound`).
 """
 
 from __future__ import annotations
@@ -34,23 +40,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.peakgraph import PeakGraph, Region, Term
+from .engine.peakgraph import PeakGraph, Region, SumTerm, Term
 from .execution import batch_statistics_axes
 from .planner import MeshProblem, recompute_units
 from .strategy import label_sizes
 
-__all__ = ["PeakModel", "peak_model"]
+__all__ = ["PeakModel", "peak_model", "EXACT_SEARCH_ROWS"]
+
+# The exact graph is searched when no cut between operators keeps more joint configurations
+# of live operators than this; beyond it, the block graph.
+EXACT_SEARCH_ROWS = 1 << 12
 
 
 @dataclass(frozen=True)
 class PeakModel:
-    """The graphs of one mesh problem: ``main`` (every plan but the replicate ones, which it
-    excludes) and ``replicate`` (those plans, one configuration per operator, priced with
-    FSDP2's holdings), with ``replicate_configs`` the operators' configurations there."""
-    main: PeakGraph
+    """The graphs of one mesh problem. ``exact`` prices every plan but the replicate ones
+    (which it excludes); ``replicate`` prices those (one configuration per operator, FSDP2's
+    holdings included), ``replicate_configs`` being the operators' configurations there.
+    ``search`` is what the engine solves for the main plans: ``exact`` itself, or the block
+    graph, never below it."""
+    exact: PeakGraph
+    search: PeakGraph
     replicate: PeakGraph | None
     replicate_configs: np.ndarray | None     # (n_ops,) configuration index per operator
     n_ops: int
+
+    @property
+    def search_is_exact(self) -> bool:
+        return self.search is self.exact
 
     def is_replicate(self, assignments: np.ndarray) -> np.ndarray:
         a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
@@ -64,7 +81,7 @@ class PeakModel:
         out = np.empty((len(a), 3))
         rep = self.is_replicate(a)
         if (~rep).any():
-            out[~rep] = self.main.evaluate(a[~rep])
+            out[~rep] = self.exact.evaluate(a[~rep])
         if rep.any():
             sub = a[rep].copy()
             sub[:, :self.n_ops] = 0                       # the replicate graph has one config each
@@ -78,72 +95,100 @@ class PeakModel:
         return a
 
 
-def peak_model(problem: MeshProblem, graph, microbatches: int = 1) -> PeakModel:
+def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: int = EXACT_SEARCH_ROWS
+               ) -> PeakModel:
     """The peak graphs of ``problem`` (``graph``: the operator graph it was built from;
     ``microbatches``: how many the step's input batch holds, for a pipeline stage)."""
     n_ops = len(problem.configs)
     rep = _replicate_configs(problem, graph)
     if rep is not None and problem.mesh.size == 1:
-        main = _build(problem, graph, microbatches, None, replicate=True)
-        return PeakModel(main, None, None, n_ops)
+        if any(len(c) != 1 for c in problem.configs):
+            raise AssertionError("a one-device mesh with several configurations per operator")
+        only = _build(problem, graph, microbatches, fine=True, replicate=True)
+        return PeakModel(only, only, None, None, n_ops)
     exclude = None
     if rep is not None:
         exclude = [np.arange(len(problem.configs[i])) == rep[i] for i in range(n_ops)]
         exclude += [np.ones(2, dtype=bool) for _ in problem.units]
-    main = _build(problem, graph, microbatches, None, exclude=exclude)
-    if rep is None:
-        return PeakModel(main, None, None, n_ops)
-    only = _build(problem, graph, microbatches, rep, replicate=True)
-    return PeakModel(main, only, rep, n_ops)
+    exact = _build(problem, graph, microbatches, fine=True, exclude=exclude)
+    search = exact if _widest_cut(exact) <= exact_rows else \
+        _build(problem, graph, microbatches, fine=False, exclude=exclude)
+    only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
+    return PeakModel(exact, search, only, rep, n_ops)
+
+
+def _widest_cut(g: PeakGraph) -> int:
+    """The most joint configurations of the nodes live at one cut between regions."""
+    region_of = g.region_of
+    last = list(region_of)
+    for t in g.additive:
+        late = max((region_of[v] for v in t.scope), default=0)
+        for v in t.scope:
+            last[v] = max(last[v], late)
+    for r, reg in enumerate(g.regions):
+        for kind in ("held", "view", "remat", "local", "base", "rise"):
+            for t in reg.terms(kind):
+                for v in t.scope:
+                    last[v] = max(last[v], r)
+    widest = 1
+    for c in range(1, len(g.regions)):
+        rows = 1
+        for v in range(g.n_nodes):
+            if region_of[v] < c <= last[v]:
+                rows *= g.n_configs[v]
+        widest = max(widest, rows)
+    return widest
 
 
 def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
     """Per operator, its configuration in a plan the apply layer runs with FSDP2 ``replicate``
-    (every axis data parallel, no batch statistics synchronised), or None when no plan of
-    this problem runs that way (ZeRO, pipeline stages, or an operator with no such config)."""
+    (every axis of more than one device splits the batch of every batched operator while the
+    others replicate, and no batch statistics are synchronised), or None when no plan of this
+    problem runs that way (ZeRO, pipeline stages, or an operator with no such configuration)."""
     if problem.zero_stage or problem.accumulates:
         return None
     shape = problem.mesh.shape
+    if any(n > 1 for n in shape) and not any("b" in label_sizes(op) for op in graph.operators):
+        return None
     out = []
     for op, cfgs in zip(graph.operators, problem.configs):
-        batched = "b" in label_sizes(op)
-        want = tuple(("b" if batched else None) if n > 1 else s for n, s in zip(shape, (None,) * len(shape)))
+        want = "b" if "b" in label_sizes(op) else None
         hits = [j for j, c in enumerate(cfgs)
-                if all((s == w) if n > 1 else True for s, w, n in zip(c.splits, want, shape))
-                and not batch_statistics_axes(op, c)]
+                if all(s == want for s, n in zip(c.splits, shape) if n > 1) and not batch_statistics_axes(op, c)]
         if len(hits) != 1:
             return None
         out.append(hits[0])
-    if not any("b" in label_sizes(op) for op in graph.operators) and any(n > 1 for n in shape):
-        return None
     return np.array(out, dtype=np.int64)
 
 
-def _regions(problem: MeshProblem, graph) -> list[tuple[tuple[int, ...], int | None]]:
-    """(operators, mode node) per region, in order: each recompute unit (or repeated block)
-    one region, every other operator its own."""
-    n_ops = len(problem.configs)
-    groups = recompute_units(graph)
-    mode_of = {name: n_ops + k for k, (name, _) in enumerate(problem.units)}
-    first = {ops[0]: (tuple(ops), mode_of.get(name)) for name, ops in groups}
-    out, i = [], 0
-    while i < n_ops:
-        if i in first:
-            ops, mode = first[i]
-            if list(ops) != list(range(ops[0], ops[0] + len(ops))):
-                raise ValueError(f"unit starting at operator {i} is not a run of consecutive operators")
-            out.append((ops, mode))
-            i = ops[-1] + 1
-        else:
-            out.append(((i,), None))
-            i += 1
-    return out
+@dataclass(frozen=True)
+class _Terms:
+    """The per-operator quantities of the definition, restricted to the configurations kept."""
+    act: list
+    trans: list
+    out: list
+    reg: list
+    moves: dict          # (src, dst) -> (backward buffer table, forward buffer table)
+    into: dict           # dst -> its edges with layout buffers
+    extra: list | None   # replicate: what FSDP2 holds while each operator runs backward
+    unit_input: list
+    skips: tuple
+
+    def pending(self, p: int) -> list[int]:
+        """Operators whose output's summed gradient is held while ``p`` runs backward."""
+        return [s for s, last in self.skips if s < p < last]
+
+    def waiting(self, first: int, last: int, j: int) -> list[int]:
+        """Operators of the unit ``first..last`` whose output waits for a later user while
+        the unit's second forward runs operator ``j``."""
+        return [s for s, user in self.skips if first <= s <= last and s < j <= min(user, last)]
 
 
-def _build(problem: MeshProblem, graph, microbatches: int, fixed: np.ndarray | None,
+def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np.ndarray | None = None,
            exclude=None, replicate: bool = False) -> PeakGraph:
-    """One peak graph. ``fixed``: per operator the one configuration it keeps (the
-    replicate graph), else None. ``replicate``: price FSDP2 ``replicate``'s holdings."""
+    """One peak graph: ``fine`` the exact one, else the block graph. ``fixed``: per operator
+    the one configuration it keeps (the replicate graph). ``replicate``: price FSDP2
+    ``replicate``'s holdings (every plan of the graph runs that way)."""
     n_ops = len(problem.configs)
     n_units = len(problem.units)
     cg = problem.cost_graph
@@ -159,123 +204,176 @@ def _build(problem: MeshProblem, graph, microbatches: int, fixed: np.ndarray | N
     additive = [Term((v,), cut((v,), c)) for v, c in enumerate(cg.node_costs)]
     additive += [Term((u, v), cut((u, v), t)) for (u, v), t in cg.edge_costs.items()]
     additive += _input_terms(problem, graph, microbatches, pick)
-
     act_of, trans_of, out_of, reg_of = problem.backward_tables
-    act = [a[pick[i]] for i, a in enumerate(act_of)]
-    trans = [t[pick[i]] for i, t in enumerate(trans_of)]
-    out = [o[pick[i]] for i, o in enumerate(out_of)]
-    reg = [r[pick[i]] for i, r in enumerate(reg_of)]
-    skips = problem.skips
     moves = {(s, d): (cut((s, d), m), cut((s, d), f)) for s, d, m, f in problem.edge_transients}
     into: dict[int, list[tuple[int, int]]] = {}
     for s, d in moves:
         into.setdefault(d, []).append((s, d))
-    extra = _replicate_extra(problem, act, [c[pick[i]] for i, c in enumerate(_grads(problem))],
-                             [c[pick[i]] for i, c in enumerate(_params(problem))]) if replicate else None
-    unit_input = [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)]
-    unit_of_mode = {n_ops + k: k for k in range(n_units)}
-
-    def pending_srcs(p: int) -> list[int]:
-        return [s for s, last in skips if s < p < last]
-
-    regions = []
-    for ops, mode in _regions(problem, graph):
-        kinds: dict[str, list[Term]] = {k: [] for k in ("held", "view", "local", "base", "rise")}
-        keep_min = np.array([act[i].min() for i in ops])
-        rc_min = np.array([(act[i] + reg[i]).min() for i in ops])
-        after_keep = np.append(np.cumsum(keep_min[::-1])[::-1][1:], 0.0)
-        after_rc = np.append(np.cumsum(rc_min[::-1])[::-1][1:], 0.0)
-
-        def shift(j: int) -> np.ndarray:
-            """Per mode (keep, recompute): the least activations of the region's operators after ``j``."""
-            return np.array([after_keep[j], after_rc[j]])
-
-        # gradients of outputs used again further on, summed over their users so far: held
-        # at every position of the region once their span reaches into it
-        pending = sorted({s for p in ops for s in pending_srcs(p)})
-        for s in pending:
-            kinds["view"].append(Term((s,), out[s]))
-        for j, p in enumerate(ops):
-            if mode is None:
-                kinds["held"].append(Term((p,), act[p]))
-            else:
-                kinds["held"].append(Term((mode, p), np.stack([act[p], np.zeros_like(act[p])])))
-                kinds["view"].append(Term((mode, p), np.stack([np.zeros_like(act[p]), act[p] + reg[p]])))
-            # A: p's backward
-            value = trans[p] + (extra[p] if extra is not None else 0.0)
-            kinds["local"].append(_positioned((p,), value, mode, shift(j)))
-            # B: a layout move's backward after p's, p's activations freed
-            for s, d in into.get(p, ()):
-                value = moves[(s, d)][0] - act[p][None, :]
-                if extra is not None:
-                    value = value + extra[p]
-                kinds["local"].append(_positioned((s, p), value, mode, shift(j)))
-        if mode is not None:
-            k = unit_of_mode[mode]
-            first, last = ops[0], ops[-1]
-            kinds["held"].append(Term((mode, first), np.stack([np.zeros_like(unit_input[k]), unit_input[k]])))
-            # C: the unit's second forward, beside its output's gradient (and the pending ones
-            # above) and the unit's own outputs that wait for a later user
-            waiting = [s for s, user in skips if first <= s < last]
-            for s in [last] + waiting:
-                kinds["base"].append(Term((mode, s), np.stack([np.zeros_like(out[s]), out[s]])))
-            for j, p in enumerate(ops):
-                for e in into.get(p, ()) or [None]:
-                    if e is None:
-                        scope, value = (p,), out[p]
-                    else:
-                        scope, value = (e[0], p), moves[e][1] + out[p][None, :]
-                    if extra is not None:
-                        value = value + extra[last]
-                    kinds["rise"].append(_mode_only(scope, value - after_rc[j], mode))
-        regions.append(Region(tuple(ops) + ((mode,) if mode is not None else ()), mode,
-                              **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[ops[0]].module))
-    chain = _chain(problem, graph, regions)
-    names = list(cg.names)
-    return PeakGraph.build(names, ks, additive, regions, chain=chain, exclude=exclude)
+    act = [a[pick[i]] for i, a in enumerate(act_of)]
+    grads = [np.array([c.grad_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
+    params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
+    terms = _Terms(act, [t[pick[i]] for i, t in enumerate(trans_of)], [o[pick[i]] for i, o in enumerate(out_of)],
+                   [r[pick[i]] for i, r in enumerate(reg_of)], moves, into,
+                   _replicate_extra(grads, params) if replicate else None,
+                   [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
+                   problem.skips)
+    groups = _groups(problem, graph)
+    regions, units = [], []
+    for ops, mode in groups:
+        if fine:
+            first = len(regions)
+            regions += _exact_regions(ops, mode, terms, ks, problem, graph)
+            if mode is not None and len(ops) > 1:
+                units.append((first, len(regions) - 1))
+        else:
+            regions.append(_block_region(ops, mode, terms, problem, graph))
+    chain = () if fine else _chain(graph, regions)
+    return PeakGraph.build(list(cg.names), ks, additive, regions, chain=chain, exclude=exclude, units=units)
 
 
-def _positioned(scope: tuple[int, ...], value: np.ndarray, mode: int | None, shift: np.ndarray) -> Term:
-    """A position's term; inside a region the later operators' least activations are taken
-    off (per mode when the region has one)."""
+def _mode_pair(mode: int | None, keep: np.ndarray, recompute: np.ndarray) -> tuple[tuple[int, ...], np.ndarray]:
+    """A table over (mode, ...) that is ``keep`` when the unit keeps its activations and
+    ``recompute`` when it recomputes them (just ``keep`` where there is no mode)."""
     if mode is None:
-        return Term(scope, value - shift[0])
-    return Term((mode, *scope), np.stack([value - shift[0], value - shift[1]]))
+        return (), keep
+    return (mode,), np.stack([keep, recompute])
 
 
-def _mode_only(scope, value, mode) -> Term:
-    """A recompute-only position: absent (-inf) when the unit keeps its activations."""
-    return Term((mode, *scope), np.stack([np.full(value.shape, -np.inf), value]))
+def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
+    """One region per operator: the definition term for term."""
+    first, last = ops[0], ops[-1]
+    regions = []
+    for j, p in enumerate(ops):
+        kinds: dict[str, list[Term]] = {k: [] for k in ("held", "view", "remat", "local", "base", "rise")}
+        zero = np.zeros_like(tm.act[p])
+        m, held = _mode_pair(mode, tm.act[p], zero)
+        kinds["held"].append(Term(m + (p,), held))
+        if mode is not None:
+            kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
+            if p == first:
+                k = problem.units.index(next(u for u in problem.units if u[1][0] == first))
+                u = tm.unit_input[k]
+                kinds["held"].append(Term((mode, p), np.stack([np.zeros_like(u), u])))
+        extra = tm.extra[p] if tm.extra is not None else 0.0
+        # p's backward, beside the gradients pending through it
+        kinds["local"].append(_sum([Term((p,), tm.trans[p] + extra)] + [Term((s,), tm.out[s]) for s in tm.pending(p)]))
+        # a layout move's backward after p's: p's activations freed, no gradient pending
+        for s, d in tm.into.get(p, ()):
+            kinds["local"].append(Term((s, p), tm.moves[(s, d)][0] - tm.act[p][None, :] + extra))
+        if mode is not None:
+            # the unit's second forward at p: p's output, a forward move into p, the unit's
+            # outputs that still wait for a later user
+            gate = Term((mode,), np.array([-np.inf, 0.0]))         # a position only when recomputing
+            for e in tm.into.get(p, ()) or [None]:
+                parts = [gate, Term((p,), tm.out[p])] + [Term((s,), tm.out[s]) for s in tm.waiting(first, last, p)]
+                if e is not None:
+                    parts.append(Term((e[0], p), tm.moves[e][1]))
+                kinds["rise"].append(_sum(parts))
+            if p == last:
+                _base(kinds, mode, last, tm)
+        regions.append(Region((p,) + ((mode,) if mode is not None and p == first else ()), None,
+                              **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[p].name))
+    return regions
 
 
-def _grads(problem: MeshProblem) -> list[np.ndarray]:
-    return [np.array([c.grad_bytes for c in costs]) for costs in problem.node_costs]
+def _base(kinds, mode: int, last: int, tm: _Terms) -> None:
+    """Beside a unit's second forward: the gradient of its output and of those pending
+    through its last operator (and FSDP2's holdings at its last operator)."""
+    for s in [last] + tm.pending(last):
+        kinds["base"].append(Term((mode, s), np.stack([np.zeros_like(tm.out[s]), tm.out[s]])))
+    if tm.extra is not None:
+        kinds["base"].append(Term((mode,), np.array([0.0, float(tm.extra[last][0])])))
 
 
-def _params(problem: MeshProblem) -> list[np.ndarray]:
-    return [np.array([c.param_bytes for c in costs]) for costs in problem.node_costs]
+def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
+    """One region for a block: its positions see the activations (or rematerialised ones)
+    of the block's later operators at their least over configurations, and every gradient
+    pending anywhere in it."""
+    kinds: dict[str, list[Term]] = {k: [] for k in ("held", "view", "remat", "local", "base", "rise")}
+    first, last = ops[0], ops[-1]
+    keep_min = np.array([tm.act[i].min() for i in ops])
+    rc_min = np.array([(tm.act[i] + tm.reg[i]).min() for i in ops])
+    after_keep = np.append(np.cumsum(keep_min[::-1])[::-1][1:], 0.0)
+    after_rc = np.append(np.cumsum(rc_min[::-1])[::-1][1:], 0.0)
+    for s in sorted({s for p in ops for s in tm.pending(p)}):
+        kinds["view"].append(Term((s,), tm.out[s]))
+    for j, p in enumerate(ops):
+        zero = np.zeros_like(tm.act[p])
+        m, held = _mode_pair(mode, tm.act[p], zero)
+        kinds["held"].append(Term(m + (p,), held))
+        if mode is not None:
+            kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
+        extra = tm.extra[p] if tm.extra is not None else 0.0
+        value = tm.trans[p] + extra
+        m, table = _mode_pair(mode, value - after_keep[j], value - after_rc[j])
+        kinds["local"].append(Term(m + (p,), table))
+        for s, d in tm.into.get(p, ()):
+            value = tm.moves[(s, d)][0] - tm.act[p][None, :] + extra
+            m, table = _mode_pair(mode, value - after_keep[j], value - after_rc[j])
+            kinds["local"].append(Term(m + (s, p), table))
+    if mode is not None:
+        k = problem.units.index(next(u for u in problem.units if u[1][0] == first))
+        u = tm.unit_input[k]
+        kinds["held"].append(Term((mode, first), np.stack([np.zeros_like(u), u])))
+        waiting = sorted({s for j in ops for s in tm.waiting(first, last, j)})
+        for s in [last] + tm.pending(last) + waiting:
+            kinds["base"].append(Term((mode, s), np.stack([np.zeros_like(tm.out[s]), tm.out[s]])))
+        if tm.extra is not None:
+            kinds["base"].append(Term((mode,), np.array([0.0, float(tm.extra[last][0])])))
+        for j, p in enumerate(ops):
+            for e in tm.into.get(p, ()) or [None]:
+                scope, value = ((p,), tm.out[p]) if e is None else ((e[0], p), tm.moves[e][1] + tm.out[p][None, :])
+                kinds["rise"].append(Term((mode, *scope), np.stack([np.full(value.shape, -np.inf),
+                                                                     value - after_rc[j]])))
+    return Region(tuple(ops) + ((mode,) if mode is not None else ()), mode,
+                  **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[first].module)
 
 
-def _replicate_extra(problem: MeshProblem, act, grads, params) -> list[np.ndarray]:
-    """Per operator (one config each here): what FSDP2 ``replicate`` holds while it runs its
-    backward -- the unsharded parameter copy, and the gradients of the operators after it
-    (reduced already, their buffers kept until backward ends)."""
+def _groups(problem: MeshProblem, graph) -> list[tuple[tuple[int, ...], int | None]]:
+    """(operators, mode node) in order: each repeated block (recompute unit) together,
+    every other operator alone."""
+    n_ops = len(problem.configs)
+    mode_of = {name: n_ops + k for k, (name, _) in enumerate(problem.units)}
+    first = {ops[0]: (tuple(ops), mode_of.get(name)) for name, ops in recompute_units(graph)}
+    out, i = [], 0
+    while i < n_ops:
+        if i in first:
+            ops, mode = first[i]
+            if list(ops) != list(range(ops[0], ops[0] + len(ops))):
+                raise ValueError(f"unit starting at operator {i} is not a run of consecutive operators")
+            out.append((ops, mode))
+            i = ops[-1] + 1
+        else:
+            out.append(((i,), None))
+            i += 1
+    return out
+
+
+def _sum(parts: list[Term]):
+    """One term, or the sum of several (its joint table built only if a search needs it)."""
+    return parts[0] if len(parts) == 1 else SumTerm(tuple(parts))
+
+
+def _replicate_extra(grads, params) -> list[np.ndarray]:
+    """Per operator (one configuration each here): what FSDP2 ``replicate`` holds while it
+    runs its backward -- the unsharded parameter copy, and the gradients of the operators
+    after it (reduced already, their buffers kept until backward ends)."""
     copy = float(sum(p[0] for p in params))
     g = np.array([gr[0] for gr in grads])
     done = np.append(np.cumsum(g[::-1])[::-1][1:], 0.0)
-    return [np.array([copy + done[i]]) for i in range(len(act))]
+    return [np.array([copy + done[i]]) for i in range(len(grads))]
 
 
 def _input_terms(problem: MeshProblem, graph, microbatches: int, pick) -> list[Term]:
     """The step's input batch: every rank holds the whole batch, less what activations
-    already charge of it (``planner.step_input_bytes``, as terms: a constant and, per
-    operator that keeps a graph input unsplit, minus that input)."""
+    already charge of it -- an operator that keeps a graph input unsplit keeps that very
+    tensor (as terms: a constant, and per such operator minus that input; two operators that
+    keep one input both charge it as an activation, so both take it off)."""
     fed = {(e.dst, e.operand) for e in graph.edges}
     first_of_unit = {ops[0] for _, ops in problem.units}
     shape = problem.mesh.shape
     f = problem.activation_factor
     terms = []
-    most = 0.0
     for i, op in enumerate(graph.operators):
         term_of, _ = op.terms
         acts = [k for k, p in enumerate(op.param_names) if p is None]
@@ -283,23 +381,17 @@ def _input_terms(problem: MeshProblem, graph, microbatches: int, pick) -> list[T
         for k in acts:
             if (i, k) in fed or "b" not in term_of[k]:
                 continue
-            kept = k in op.saved_operands or (i in first_of_unit and k == acts[0])
-            if not kept:
-                continue
-            shared += [op.operands[k].nbytes if c.shards(term_of[k], shape) == 1 else 0.0 for c in problem.configs[i]]
+            if k in op.saved_operands or (i in first_of_unit and k == acts[0]):
+                shared += [op.operands[k].nbytes if c.shards(term_of[k], shape) == 1 else 0.0
+                           for c in problem.configs[i]]
         if shared.any():
             terms.append(Term((i,), np.stack([np.zeros_like(shared), -f * shared], axis=-1)[pick[i]]))
-            most += f * shared.max()
-    total = microbatches * float(graph.input_bytes)
-    if most > total:
-        raise NotImplementedError("the kept inputs can exceed the input batch; the peak model "
-                                  "would need a clamp the engine cannot carry")
-    terms.append(Term((), np.array([0.0, total])))
+    terms.append(Term((), np.array([0.0, microbatches * float(graph.input_bytes)])))
     return terms
 
 
-def _chain(problem: MeshProblem, graph, regions: list[Region]) -> tuple[int, ...]:
-    """The regions of the repeated blocks, when consecutive."""
+def _chain(graph, regions: list[Region]) -> tuple[int, ...]:
+    """The block graph's regions of the repeated blocks, when consecutive."""
     if len(graph.blocks) < 2:
         return ()
     firsts = {b[0] for b in graph.blocks}

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Term", "Region", "PeakGraph", "REGION_KINDS"]
+__all__ = ["Term", "SumTerm", "Region", "PeakGraph", "REGION_KINDS"]
 
 # The per-region term lists and how each combines over its terms.
 REGION_KINDS = ("held", "view", "remat", "local", "base", "rise")
@@ -55,6 +55,52 @@ class Term:
     def at(self, assignment: np.ndarray) -> np.ndarray:
         """The term's value for each assignment (rows of ``assignment``)."""
         return self.table[tuple(assignment[:, v] for v in self.scope)]
+
+    def low(self) -> float:
+        """Its least value (or a lower bound of it)."""
+        return float(self.table.min())
+
+    def high(self) -> float:
+        """Its greatest value (or an upper bound of it)."""
+        return float(self.table.max())
+
+
+@dataclass(frozen=True, eq=False)
+class SumTerm:
+    """A term that is the sum of smaller ones: its joint table over the union of their scopes
+    is built only when asked for (``table``), so that pricing plans never pays for it."""
+    parts: tuple[Term, ...]
+    sizes: tuple[int, ...] = ()        # configurations per node of ``scope``
+
+    @property
+    def scope(self) -> tuple[int, ...]:
+        out: list[int] = []
+        for p in self.parts:
+            out += [v for v in p.scope if v not in out]
+        return tuple(out)
+
+    def at(self, assignment: np.ndarray) -> np.ndarray:
+        return sum((p.at(assignment) for p in self.parts), np.zeros(len(assignment)))
+
+    def low(self) -> float:
+        return sum(p.low() for p in self.parts)
+
+    def high(self) -> float:
+        return sum(p.high() for p in self.parts)
+
+    @property
+    def table(self) -> np.ndarray:
+        scope = self.scope
+        total = np.zeros(self.sizes)
+        for p in self.parts:
+            perm = sorted(range(len(p.scope)), key=lambda i: scope.index(p.scope[i]))
+            shape = [self.sizes[scope.index(v)] if v in p.scope else 1 for v in scope]
+            total = total + np.transpose(p.table, perm).reshape(shape)
+        return total
+
+    @property
+    def n_entries(self) -> int:
+        return int(np.prod(self.sizes, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -123,11 +169,12 @@ class PeakGraph:
                     if late > g:
                         raise ValueError(f"region {g} ({reg.name}): a {kind} term reads node "
                                          f"{names[max(t.scope, key=lambda v: region_of[v])]!r} of a later region")
-                    if kind == "local" or kind == "rise":
-                        if np.isnan(t.table).any() or np.isposinf(t.table).any():
-                            raise ValueError(f"region {g}: {kind} term with NaN or +inf")
-                    elif not np.isfinite(t.table).all():
-                        raise ValueError(f"region {g}: {kind} term with a non-finite value")
+                    for table in (p.table for p in t.parts) if isinstance(t, SumTerm) else (t.table,):
+                        if kind == "local" or kind == "rise":
+                            if np.isnan(table).any() or np.isposinf(table).any():
+                                raise ValueError(f"region {g}: {kind} term with NaN or +inf")
+                        elif not np.isfinite(table).all():
+                            raise ValueError(f"region {g}: {kind} term with a non-finite value")
                 lists[kind] = terms
             regs.append(Region(tuple(reg.nodes), reg.mode, name=reg.name, **lists))
         if exclude is not None:
@@ -151,7 +198,7 @@ class PeakGraph:
                 if g < b and regs[g].base:
                     raise ValueError(f"region {g}: base terms belong to the last region of its unit")
         for g, reg in enumerate(regs):
-            if any((t.table < 0).any() for t in reg.remat):
+            if any(t.low() < 0 for t in reg.remat):
                 raise ValueError(f"region {g}: rematerialised activations must be >= 0")
         return PeakGraph(names=names, n_configs=ks, additive=adds, regions=tuple(regs), chain=chain, units=units,
                          exclude=exclude, region_of=tuple(region_of))
@@ -202,7 +249,13 @@ class PeakGraph:
         return np.logical_and.reduce([e[a[:, v]] for v, e in enumerate(self.exclude)])
 
 
-def _frozen(term: Term, ks: tuple[int, ...], names, additive: bool = False) -> Term:
+def _frozen(term, ks: tuple[int, ...], names, additive: bool = False):
+    if isinstance(term, SumTerm):
+        if additive:
+            raise ValueError("additive terms are plain tables")
+        parts = tuple(_frozen(p, ks, names) for p in term.parts)
+        scope = SumTerm(parts).scope
+        return SumTerm(parts, tuple(ks[v] for v in scope))
     scope = tuple(int(v) for v in term.scope)
     if len(set(scope)) != len(scope):
         raise ValueError(f"a term's scope repeats a node: {scope}")

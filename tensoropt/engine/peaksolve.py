@@ -46,7 +46,7 @@ from . import kfactors as kf
 from .elimination import plan_elimination
 from .factors import SolveTimeout
 from .kprune import kd_prune
-from .peakgraph import PeakGraph, Term
+from .peakgraph import PeakGraph, SumTerm, Term
 
 __all__ = ["solve_peak", "PeakResult"]
 
@@ -176,19 +176,16 @@ class _Extremes:
 
 
 def _extremes(reg, mode: int | None) -> _Extremes:
-    def tables(kind):
-        return [_at_mode(t, reg.mode, mode) for t in reg.terms(kind)]
-
     def total(kind, f):
-        return sum(float(f(t)) for t in tables(kind))
+        return sum(f(t, reg.mode, mode) for t in reg.terms(kind))
 
     def most(kind, f):
-        return max((float(f(t)) for t in tables(kind)), default=_LOW)
-    x, z, b = (total(k, np.max) for k in ("view", "remat", "base"))
-    y_min = total("remat", np.min) + max(total("view", np.min) + most("local", np.min),
-                                          total("base", np.min) + most("rise", np.min))
-    y_max = z + max(x + most("local", np.max), b + most("rise", np.max))
-    return _Extremes(total("held", np.min), total("held", np.max), y_min, y_max, x, z, b, total("remat", np.min))
+        return max((f(t, reg.mode, mode) for t in reg.terms(kind)), default=_LOW)
+    x, z, b = (total(k, _high) for k in ("view", "remat", "base"))
+    y_min = total("remat", _low) + max(total("view", _low) + most("local", _low),
+                                        total("base", _low) + most("rise", _low))
+    y_max = z + max(x + most("local", _high), b + most("rise", _high))
+    return _Extremes(total("held", _low), total("held", _high), y_min, y_max, x, z, b, total("remat", _low))
 
 
 def _at_mode(term: Term, mode_node: int | None, mode: int | None) -> np.ndarray:
@@ -196,6 +193,14 @@ def _at_mode(term: Term, mode_node: int | None, mode: int | None) -> np.ndarray:
     if mode is None or mode_node not in term.scope:
         return term.table
     return np.take(term.table, mode, axis=term.scope.index(mode_node))
+
+
+def _low(term, mode_node, mode) -> float:
+    return term.low() if mode is None or mode_node not in term.scope else float(_at_mode(term, mode_node, mode).min())
+
+
+def _high(term, mode_node, mode) -> float:
+    return term.high() if mode is None or mode_node not in term.scope else float(_at_mode(term, mode_node, mode).max())
 
 
 def _bounds(graph: PeakGraph, unit_of: dict[int, tuple[int, int]]):
@@ -403,12 +408,17 @@ def _chain_maps(graph: PeakGraph, plan: _Layout) -> dict[int, dict[int, int]]:
     return out
 
 
-def _same_terms(a: list[Term], b: list[Term], m) -> bool:
+def _same_terms(a: list, b: list, m) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):
-        if tuple(m(v) for v in x.scope) != y.scope or not np.array_equal(x.table, y.table):
+        px = x.parts if isinstance(x, SumTerm) else (x,)
+        py = y.parts if isinstance(y, SumTerm) else (y,)
+        if len(px) != len(py) or type(x) is not type(y):
             return False
+        for u, w in zip(px, py):
+            if tuple(m(v) for v in u.scope) != w.scope or not np.array_equal(u.table, w.table):
+                return False
     return True
 
 
@@ -464,7 +474,7 @@ def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mo
         if c not in coords:
             continue
         for term in reg.terms(kind):
-            if c in lift and _at_mode(term, reg.mode, mode).max() <= lift[c]:
+            if c in lift and _high(term, reg.mode, mode) <= lift[c]:
                 continue        # a position that never rises past the lift cannot matter
             add(term, {c: -term.table if c == "MH" else term.table})
     for v in reg.nodes:
