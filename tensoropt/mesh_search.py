@@ -1,9 +1,9 @@
 """Every mesh of a device set, and every ZeRO stage on it: one cost graph each, solved.
 
 For each mesh of the search space and ZeRO stage 0 (2 and 3 too on meshes of more than one
-device, with ``SearchOptions.zero``) the planner builds the cost graph, the engine solves it
-to its exact (or (1+ε)) frontier in (time, end-of-forward memory), and every frontier point
-becomes a :class:`~tensoropt.plan_builder.Candidate` priced on the step's peak.
+device, with ``SearchOptions.zero``) the planner builds the cost graph, ``peak_search``
+solves its frontier in (time, the step's peak memory), and every frontier point becomes a
+:class:`~tensoropt.plan_builder.Candidate`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from functools import partial
 from typing import Callable
 
 from .costmodel import CostModel
-from .engine import solve
 from .mesh import Cluster, Mesh
+from .peak_search import solve_problem
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
-from .planner import MeshProblem, build_problem, peak_bytes
+from .planner import MeshProblem, build_problem
 from .search_options import Deadline, SearchOptions
 from .space import SearchSpace
 
@@ -28,8 +28,10 @@ def show_progress(progress: bool | None) -> bool:
 
 
 def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
-                    options: SearchOptions, deadline: Deadline) -> tuple[list[MeshProblem], list[Candidate]]:
-    """The cost graph of every (mesh, ZeRO stage), and the frontier points of them all."""
+                    options: SearchOptions, deadline: Deadline, stats: dict | None = None
+                    ) -> tuple[list[MeshProblem], list[Candidate]]:
+    """The cost graph of every (mesh, ZeRO stage), and the frontier points of them all;
+    ``stats`` (if given) gets, per case, which peak graph was searched."""
     graph = ctx.graph
     cases = [(mesh, z) for mesh in space.meshes(cluster)
              for z in ((0, 2, 3) if options.zero and mesh.size > 1 else (0,))]
@@ -47,12 +49,11 @@ def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost
                                 batch_only_axes=space.batch_only_axes(mesh, cluster))
         remaining = deadline.remaining_s()
         with deadline.solving(f"mesh {mesh}, ZeRO stage {z}"):
-            result = solve(problem.cost_graph, epsilon=options.epsilon, time_limit_s=remaining,
-                           progress=options.progress, block_groups=space.block_groups)
+            found = solve_problem(problem, graph, time_limit_s=remaining)
         problems.append(problem)
-        if not len(result.points):
-            continue
-        peaks = peak_bytes(problem, graph, result.assignments, result.points[:, 1])
-        for pt, a, peak in zip(result.points, result.assignments, peaks):
-            out.append(Candidate(pt[0], pt[1], peak, partial(plan_from_assignment, ctx, problem, a)))
+        if stats is not None:
+            stats[f"{mesh} zero{z}"] = found.stats
+        for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments):
+            out.append(Candidate(float(t), float(m), float(peak),
+                                 partial(plan_from_assignment, ctx, problem, a, peak_model=found.model)))
     return problems, out

@@ -28,13 +28,13 @@ import numpy as np
 
 from .collectives import send_recv_s
 from .costmodel import CostModel
-from .engine import solve
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
 from .plan import Plan
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
-from .planner import build_problem, peak_bytes
+from .peak_search import solve_problem
+from .planner import build_problem
 from .search_options import Deadline, SearchOptions
 from .space import SearchSpace
 
@@ -219,20 +219,17 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
             problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                     activation_factor=spec.in_flight, comm_factor=1.0 / scale,
                                     batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
-            res = solve(problem.cost_graph, epsilon=ctx.epsilon, time_limit_s=time_limit_s, progress=False,
-                        block_groups=space.block_groups)
-            fronts.append(res.points)
+            res = solve_problem(problem, g, microbatches, time_limit_s=time_limit_s)
+            fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
             solved.append((g, problem, res))
         # activations cross each boundary forward and their gradients backward, each device
         # sending its share
         p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
                                   link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
         buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
-        fronts = [f + np.array([0.0, b]) for f, b in zip(fronts, buffers)]
+        fronts = [f + np.array([0.0, b, b]) for f, b in zip(fronts, buffers)]
         # stages compose on their peaks, each stage's as its plan will state it
-        peaks = [np.column_stack([f[:, 0], peak_bytes(problem, g, res.assignments, f[:, 1], microbatches)])
-                 for f, (g, problem, res) in zip(fronts, solved)]
-        points, picks = compose_stages(peaks, scale, p2p)
+        points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
         for (t, peak), pick in zip(points, picks):
             m = max(f[k, 1] for f, k in zip(fronts, pick))
             build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), float(m), p2p,
@@ -247,7 +244,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     stage_plans = []
     for spec, (g, problem, res), k, held in zip(specs, solved, pick, buffers):
         sp = plan_from_assignment(replace(ctx, graph=g), problem, res.assignments[k], label=f"stage {spec.index}",
-                                  microbatches=microbatches)
+                                  microbatches=microbatches, peak_model=res.model)
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
     slowest = max(sp.time_s for sp in stage_plans)

@@ -17,7 +17,8 @@ import numpy as np
 from .opgraph import OpGraph
 from .placement import format_placements
 from .plan import OpChoice, Plan
-from .planner import MeshProblem, replicate_held_bytes, returned_ops, step_input_bytes, transient_bytes
+from .peakmodel import PeakModel, peak_model as build_peak_model
+from .planner import MeshProblem, returned_ops
 from .strategy import label_sizes, output_placements
 from .training import TrainingConfig
 
@@ -45,9 +46,10 @@ class Candidate:
 
 
 def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Sequence[int], label: str = "",
-                         microbatches: int = 1) -> Plan:
+                         microbatches: int = 1, peak_model: PeakModel | None = None) -> Plan:
     """Price one assignment (configuration index per operator, then per recompute unit; units
-    default to keeping their activations) into a :class:`Plan`."""
+    default to keeping their activations) into a :class:`Plan`; its peak from ``peak_model``
+    (``peakmodel.peak_model(problem, ctx.graph, microbatches)`` when not given)."""
     graph, mesh = ctx.graph, problem.mesh
     n_ops = len(graph.operators)
     a = [int(x) for x in assignment]
@@ -90,8 +92,10 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
-    totals["transient_bytes"] = float(transient_bytes(problem, a, replicate_held_bytes(problem, graph, a))[0])
-    totals["input_bytes"] = step_input_bytes(problem, graph, a, microbatches)
+    pm = peak_model if peak_model is not None else build_peak_model(problem, graph, microbatches)
+    _, held, peak = pm.evaluate(np.array([a]))[0]
+    totals["input_bytes"] = float(held - m)                    # the step's input batch beside the state
+    totals["transient_bytes"] = float(peak - held)             # the backward pass's rise above both
     summary = summarize(graph, problem, a)
     if problem.zero_stage:
         summary += f" zero{problem.zero_stage}"

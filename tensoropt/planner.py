@@ -1,14 +1,11 @@
-"""From an operator graph on one mesh to a cost graph, and what an assignment of it holds at
-the step's peak.
+"""From an operator graph on one mesh to a cost graph.
 
 ``build_problem`` enumerates every operator's configurations (``strategy``), prices them
-and every edge (``costmodel``) and the later uses of tied parameters (``traffic``), and hands
-the engine a plain :class:`CostGraph` with the graph's identical blocks declared, so that the
-engine solves one block and folds the chain of blocks one block at a time
-(``engine.blocks``). Operators with identical shapes and roles share one cost computation.
-``transient_bytes``, ``peak_bytes``, ``replicate_held_bytes`` and ``step_input_bytes`` give
-an assignment's rise above the cost graph's end-of-forward memory; ``plan_builder`` turns an
-assignment into a plan.
+and every edge (``costmodel``) and the later uses of tied parameters (``traffic``), and gives
+a :class:`MeshProblem`: a plain :class:`CostGraph` of time and end-of-forward memory, and
+per operator what its backward holds (``backward_tables``, ``edge_transients``, ``skips``),
+from which ``peakmodel`` builds the step's peak. Operators with identical shapes and roles
+share one cost computation.
 
 Activation recomputation is one more node per recompute unit (each repeated block's module,
 ``OpGraph.block_modules``; in a graph without blocks each ``layers.<i>`` module),
@@ -28,14 +25,12 @@ import numpy as np
 
 from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
-from .execution import runs_replicated
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
 from .traffic import owners, tied_use_moves, tied_uses
 
-__all__ = ["MeshProblem", "build_problem", "owners", "peak_bytes", "recompute_units", "replicate_held_bytes",
-           "returned_ops", "step_input_bytes", "transient_bytes"]
+__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -62,7 +57,7 @@ class MeshProblem:
     def backward_tables(self) -> tuple[tuple[np.ndarray, ...], ...]:
         """Per operator, per configuration: saved activation bytes (one micro-batch), the
         transient its backward adds, its output's bytes and, under ZeRO-3, the gathered
-        parameters a recomputed forward keeps (see :func:`transient_bytes`)."""
+        parameters a recomputed forward keeps (see ``peakmodel``)."""
         act = tuple(np.array([c.activation_bytes for c in costs]) for costs in self.node_costs)
         extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
         trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
@@ -172,149 +167,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph))
 
 
-def transient_bytes(problem: MeshProblem, assignments: np.ndarray, held_extra: np.ndarray | None = None) -> np.ndarray:
-    """Per assignment (one per row): how far the peak of the backward pass rises above the
-    additive memory of the cost graph.
-
-    Backward visits the operators in reverse. When operator ``i`` runs its backward, the
-    activations saved by the operators up to ``i`` are still held (later ones are freed), a
-    recomputed unit holds its rematerialised activations up to ``i``, and ``i`` adds its own
-    transient (``NodeCost.transient_bytes``: gradients in flight, ZeRO-3 gathers; when
-    gradients accumulate over micro-batches, also this micro-batch's parameter gradients before
-    they are added). A recomputed unit's second forward, run when its last operator's backward
-    is due, is a point of its own: each operator's output and input moves on top of the
-    activations rematerialised so far. With ``f`` micro-batches in flight (pipeline stages) the
-    other ``f - 1`` keep all theirs. The peak is
-    the largest such sum; the result is that peak minus the activations the cost graph
-    charges (never negative: the last operator's backward sees all of them). ``held_extra``
-    (rows x operators): bytes the execution holds beside these while operator ``i`` runs its
-    backward (:func:`replicate_held_bytes`)."""
-    a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
-    n, n_ops = len(a), len(problem.configs)
-    if not n_ops:
-        return np.zeros(n)
-    act_of, trans_of, out_of, regathered_of = problem.backward_tables
-    act = np.stack([act_of[i][a[:, i]] for i in range(n_ops)], 1)
-    out = np.stack([out_of[i][a[:, i]] for i in range(n_ops)], 1)
-    # An output used again further on (a residual, q/k/v from one norm) keeps its gradient,
-    # summed over the users done so far, from its last user's backward until its own.
-    pending = np.zeros_like(act)
-    for src, last in problem.skips:
-        pending[:, src + 1:last] += out[:, src][:, None]
-    trans = np.stack([trans_of[i][a[:, i]] for i in range(n_ops)], 1) + pending
-    moves = np.zeros_like(act)                     # after dst's backward, before src's
-    ahead = np.zeros_like(act)                     # the moves into dst in forward
-    for src, dst, table, forward in problem.edge_transients:
-        moves[:, dst] = np.maximum(moves[:, dst], table[a[:, src], a[:, dst]])
-        ahead[:, dst] = np.maximum(ahead[:, dst], forward[a[:, src], a[:, dst]])
-    held = act.copy()
-    again = np.zeros_like(act)                     # rematerialised during the unit's backward
-    recomputed = []
-    for k, (_, ops) in enumerate(problem.units):
-        node = n_ops + k
-        if node >= a.shape[1]:
-            continue
-        rc = a[:, node] == 1
-        if not rc.any():
-            continue
-        ops = list(ops)
-        held[np.ix_(rc, ops)] = 0.0
-        held[rc, ops[0]] = np.asarray(problem.unit_input_bytes[k])[a[rc, ops[0]]]
-        regathered = np.stack([regathered_of[i][a[rc, i]] for i in ops], 1)
-        again[np.ix_(rc, ops)] = np.cumsum(act[np.ix_(rc, ops)] + regathered, axis=1)
-        recomputed.append((rc, ops))
-    total = held.sum(axis=1)
-    f = problem.activation_factor
-    before = (f - 1) * total[:, None] + np.cumsum(held, axis=1)
-    if held_extra is not None:
-        before = before + np.atleast_2d(held_extra)
-    peak = (before + again + trans).max(axis=1)
-    if problem.edge_transients:
-        # a layout move's backward runs once dst's backward is done and has freed dst's
-        # activations (kept or rematerialised): the operators before dst still hold theirs
-        peak = np.maximum(peak, (before + again - act + moves).max(axis=1))
-    if recomputed:
-        # A recomputed unit's forward runs when its last operator's backward is due, beside
-        # what the backward holds then (the unit's input and everything before it, the
-        # gradient of its output and of outputs used further on): at each operator, the
-        # activations rematerialised so far, its output, its inputs' layout moves and the
-        # unit's outputs still waiting for a later user.
-        extra = np.broadcast_to(np.atleast_2d(held_extra), act.shape) if held_extra is not None else None
-        for rc, ops in recomputed:
-            first, last = ops[0], ops[-1]
-            live = np.zeros((int(rc.sum()), len(ops)))
-            for src, user in problem.skips:
-                if first <= src <= last:
-                    live[:, src + 1 - first:min(user, last) + 1 - first] += out[rc, src][:, None]
-            base = before[rc, first] + out[rc, last] + pending[rc, last]
-            if extra is not None:
-                base = base - extra[rc, first] + extra[rc, last]
-            rise = again[np.ix_(rc, ops)] + out[np.ix_(rc, ops)] + ahead[np.ix_(rc, ops)] + live
-            peak[rc] = np.maximum(peak[rc], base + rise.max(axis=1))
-    return np.maximum(peak - f * total, 0.0)
 
 
-def peak_bytes(problem: MeshProblem, graph: OpGraph, assignments: np.ndarray, memory: np.ndarray,
-               microbatches: int = 1) -> np.ndarray:
-    """Per assignment (one per row, with its cost-graph memory ``memory``): the peak of the
-    step, as ``Plan.peak_memory_bytes`` states it -- the cost graph's memory, the backward
-    pass's rise (:func:`transient_bytes`, with what FSDP2 ``replicate`` holds where the plan
-    runs that way) and the step's input batch (:func:`step_input_bytes`)."""
-    a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
-    if a.shape[1] == len(problem.configs):           # operators only: every unit keeps its activations
-        a = np.hstack([a, np.zeros((len(a), len(problem.units)), dtype=np.int64)])
-    rise = np.empty(len(a))
-    held = [replicate_held_bytes(problem, graph, row) for row in a]
-    plain = [i for i, h in enumerate(held) if h is None]
-    if plain:
-        rise[plain] = transient_bytes(problem, a[plain])
-    for i, h in enumerate(held):
-        if h is not None:
-            rise[i] = transient_bytes(problem, a[i], h)[0]
-    inputs = np.array([step_input_bytes(problem, graph, row, microbatches) for row in a])
-    return np.asarray(memory, dtype=float) + rise + inputs
-
-
-def replicate_held_bytes(problem: MeshProblem, graph: OpGraph, assignment) -> np.ndarray | None:
-    """Per operator: what FSDP2 ``replicate`` holds beside the cost graph's state while that
-    operator runs its backward, for a plan the apply layer runs that way (data parallel
-    without ZeRO; ``None`` otherwise): the unsharded copy of the parameters made in forward,
-    and the unsharded gradients of the operators whose backward has run (their reduction
-    buffers are kept until backward ends). Measured with MemTracker on CPU/gloo (torch 2.13):
-    neither is released group by group, so both are charged until the end of backward."""
-    a = np.asarray(assignment, dtype=np.int64)
-    n_ops = len(problem.configs)
-    cfgs = [problem.configs[i][a[i]] for i in range(n_ops)]
-    if problem.zero_stage or problem.accumulates or not runs_replicated(graph, cfgs, problem.mesh.shape):
-        return None
-    copy = sum(problem.node_costs[i][a[i]].param_bytes for i in range(n_ops))
-    grad = np.array([problem.node_costs[i][a[i]].grad_bytes for i in range(n_ops)])
-    done = np.append(np.cumsum(grad[::-1])[::-1][1:], 0.0)        # operators after i
-    return copy + done
-
-
-def step_input_bytes(problem: MeshProblem, graph: OpGraph, assignment, microbatches: int = 1) -> float:
-    """The step's input batch beside the cost graph's memory: every rank holds the whole batch
-    (``tensoropt.apply`` hands it to each), less what the activations already charge of it --
-    an operator that keeps a graph input unsplit keeps that very tensor. A pipeline stage
-    (``graph`` per micro-batch) is handed the whole batch of ``microbatches`` micro-batches
-    and keeps the chunks of those in flight."""
-    a = np.asarray(assignment, dtype=np.int64)
-    fed = {(e.dst, e.operand) for e in graph.edges}
-    first_of_unit = {ops[0] for _, ops in problem.units}
-    shape = problem.mesh.shape
-    shared = 0.0
-    for i, op in enumerate(graph.operators):
-        terms, _ = op.terms
-        acts = [k for k, p in enumerate(op.param_names) if p is None]
-        for k in acts:
-            if (i, k) in fed or "b" not in terms[k]:
-                continue                      # produced by an operator, or not batched: no input
-            kept = k in op.saved_operands or (i in first_of_unit and k == acts[0])
-            if kept and problem.configs[i][a[i]].shards(terms[k], shape) == 1:
-                shared += op.operands[k].nbytes
-    f = problem.activation_factor
-    return max(microbatches * float(graph.input_bytes) - f * shared, 0.0)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

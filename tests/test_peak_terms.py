@@ -15,7 +15,10 @@ from tensoropt.execution import runs_replicated
 from tensoropt.hardware import get_device
 from tensoropt.models import example_inputs, get_model
 from tensoropt.placement import parse_placements as L
-from tensoropt.planner import MeshProblem, build_problem, replicate_held_bytes, step_input_bytes, transient_bytes
+from tensoropt.engine import CostGraph
+from tensoropt.opgraph import Edge, Operator, OpGraph, TensorSpec
+from tensoropt.peakmodel import peak_model
+from tensoropt.planner import MeshProblem, build_problem
 from tensoropt.strategy import OpConfig
 
 
@@ -52,19 +55,21 @@ def test_replicate_terms_only_for_plans_run_by_replicate(mlp):
     from tensoropt.mesh import Mesh
     mesh = Mesh((2,), ("m0",), (get_link("gloo-loopback"),))
     problem = build_problem(graph, mesh, cm, recompute=False)
+    pm = peak_model(problem, graph)
     dp = f.reference["data parallel"]
     a = _assignment(graph, problem, dp)
-    held = replicate_held_bytes(problem, graph, a)
     params = sum(problem.node_costs[i][a[i]].param_bytes for i in range(len(a)))
     grads = [problem.node_costs[i][a[i]].grad_bytes for i in range(len(a))]
-    assert held is not None
-    assert held[-1] == pytest.approx(params)                     # nothing done yet: the copy alone
-    assert held[0] == pytest.approx(params + sum(grads[1:]))     # the first op's backward: all others'
-    assert np.all(np.diff(held) <= 0)
+    assert pm.is_replicate(a[None])[0]
+    # the replicate graph holds the copy of every parameter and, at the first operator's
+    # backward, every later operator's reduced gradients beside what the other graph holds
+    rep = pm.evaluate(a[None])[0, 2]
+    other = pm.exact.evaluate(a[None])[0, 2]
+    assert rep - other >= params - 1e-6
+    assert rep - other <= params + sum(grads[1:]) + 1e-6
     for p in f.plans:
         cfgs = [OpConfig.parse(o.config) for o in p.ops]
-        got = replicate_held_bytes(problem, graph, _assignment(graph, problem, p))
-        assert (got is None) == (not runs_replicated(graph, cfgs, p.mesh_shape))
+        assert pm.is_replicate(_assignment(graph, problem, p)[None])[0] == runs_replicated(graph, cfgs, p.mesh_shape)
 
 
 def test_every_rank_is_charged_the_whole_batch(mlp):
@@ -108,22 +113,40 @@ def test_forward_layout_moves_hold_what_dtensor_allocates():
     assert _relayout_forward_bytes(n, L("S(1)"), L("S(1)"), (True,), gloo) == 0.0
 
 
-def _unit_problem(move: float) -> MeshProblem:
-    """Three operators in one recompute unit; the move into the last one holds ``move`` bytes
-    in forward and nothing in backward."""
+def _unit_problem(move: float) -> tuple[MeshProblem, OpGraph]:
+    """Three operators in one recompute unit (``layers.0``); the move into the last one holds
+    ``move`` bytes in forward and nothing in backward."""
     from tensoropt.hardware import get_link
     from tensoropt.mesh import Mesh
     mesh = Mesh((2,), ("m0",), (get_link("gloo-loopback"),))
     cost = NodeCost(compute_s=1.0, comm_s=0.0, forward_s=0.5, param_bytes=0.0, grad_bytes=0.0,
                     optimizer_bytes=0.0, activation_bytes=100.0, transient_bytes=50.0, output_bytes=10.0)
+    spec = TensorSpec((4, 4))
+    ops = tuple(Operator(f"op{i}", "elementwise", "bh->bh", (spec,), (None,), spec, "bh", 16.0, 16.0,
+                         module=f"layers.0.f{i}") for i in range(3))
+    graph = OpGraph("unit", ops, (Edge(0, 1, 0, (0, 1)), Edge(1, 2, 0, (0, 1))))
+    unit = np.zeros((2, 1, 2))
+    unit[0, :, 1] = 100.0                       # kept: its activations
+    unit[1, :, 0] = 0.5                         # recomputed: a second forward
+    first = unit.copy()
+    first[1, :, 1] = 5.0                        # and the unit's input, kept by the checkpoint
+    nodes = [np.array([[1.0, 0.0]])] * 3 + [np.zeros((2, 2))]
+    edges = [(3, 0, first), (3, 1, unit), (3, 2, unit), (0, 1, np.zeros((1, 1, 2))), (1, 2, np.zeros((1, 1, 2)))]
+    cg = CostGraph.build(nodes, edges)
     cfg = (OpConfig.parse("b"),)
-    return MeshProblem(mesh, 0, (cfg,) * 3, ((cost,),) * 3, (("layers.0", (0, 1, 2)),), ((5.0,),),
-                       cost_graph=None, edge_transients=((1, 2, np.zeros((1, 1)), np.full((1, 1), move)),))
+    problem = MeshProblem(mesh, 0, (cfg,) * 3, ((cost,),) * 3, (("layers.0", (0, 1, 2)),), ((5.0,),),
+                          cost_graph=cg, edge_transients=((1, 2, np.zeros((1, 1)), np.full((1, 1), move)),))
+    return problem, graph
+
+
+def _rise(move: float) -> np.ndarray:
+    problem, graph = _unit_problem(move)
+    got = peak_model(problem, graph).evaluate(np.array([[0, 0, 0, 0], [0, 0, 0, 1]]))
+    return got[:, 2] - got[:, 1]
 
 
 def test_a_recomputed_units_second_forward_is_a_peak_of_its_own():
-    problem = _unit_problem(move=1000.0)
-    kept, recomputed = transient_bytes(problem, np.array([[0, 0, 0, 0], [0, 0, 0, 1]]))
+    kept, recomputed = _rise(move=1000.0)
     # kept: the last backward sees the three activations and its own transient
     assert kept == pytest.approx(300 + 50 - 300)
     # recomputed: when the last operator's backward is due the unit runs forward again beside
@@ -131,7 +154,7 @@ def test_a_recomputed_units_second_forward_is_a_peak_of_its_own():
     # rematerialised before it and its own (300), its output (10) and the move into it (1000)
     assert recomputed == pytest.approx(5 + 10 + 300 + 10 + 1000 - 5)
     # without the move, the backward of the last operator is the peak again
-    _, quiet = transient_bytes(_unit_problem(move=0.0), np.array([[0, 0, 0, 0], [0, 0, 0, 1]]))
+    _, quiet = _rise(move=0.0)
     assert quiet == pytest.approx(5 + 300 + 50 - 5)
 
 

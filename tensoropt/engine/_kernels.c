@@ -138,12 +138,18 @@ static int64_t prune_row(const double *v, int64_t n, int k, int group, workspace
             dominated = stair_covers(&s, p[c1], p[c2]);
             if (!dominated) stair_insert(&s, p[c1], p[c2]);
         } else {
-            for (int64_t b = nk - 1; b >= group_start && !dominated; b--) {
-                const double *q = v + kept[b] * k;
-                int le = 1;
-                for (int d = 1; d < k && le; d++)
-                    if (d != group && q[d] > p[d]) le = 0;
-                dominated = le;
+            /* A dominating point is also <= in (c1, c2): where no kept point is, skip the scan. */
+            int covered = stair_covers(&s, p[c1], p[c2]);
+            if (covered) {
+                for (int64_t b = nk - 1; b >= group_start && !dominated; b--) {
+                    const double *q = v + kept[b] * k;
+                    int le = 1;
+                    for (int d = 1; d < k && le; d++)
+                        if (d != group && q[d] > p[d]) le = 0;
+                    dominated = le;
+                }
+            } else {
+                stair_insert(&s, p[c1], p[c2]);
             }
         }
         if (!dominated) kept[nk++] = idx[a];

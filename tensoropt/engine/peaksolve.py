@@ -51,11 +51,20 @@ from .peakgraph import PeakGraph, SumTerm, Term
 __all__ = ["solve_peak", "PeakResult"]
 
 # Coordinates of a piece while its nodes are folded out, and how each merges.
-_VE_COORDS = ("t", "M", "MH", "X", "Z", "L", "B", "C")
-_VE_OPS = {"t": "sum", "M": "sum", "MH": "sum", "X": "sum", "Z": "sum", "L": "max", "B": "sum", "C": "max",
-           "cls": "and"}
+_VE_OPS = {"t": "sum", "M": "sum", "MH": "sum", "AL": "sum", "BE": "sum", "MX": "sum", "Z": "sum", "B": "sum",
+           "L": "max", "C": "max", "cls": "and"}
 _NEUTRAL = {"sum": 0.0, "max": -np.inf, "and": 1.0}
-_KIND_COORD = {"held": "MH", "view": "X", "remat": "Z", "local": "L", "base": "B", "rise": "C"}
+_KINDS = ("held", "view", "remat", "local", "base", "rise")
+# Which coordinates each kind of term adds to (held ones negated), for a region that is a unit
+# of its own: P2 = M + Y = max(AL + L, BE + C) with AL = M + Z + X and BE = M + Z + B, sums
+# that prune more than Z, X and B apart; and for a region inside a unit, where the state
+# carries the unit's remat: (MX = M + X, L, Z, B, C).
+_FEEDS = {
+    "alone": {"memory": ("M", "MH", "AL", "BE"), "held": ("MH",), "view": ("AL",), "remat": ("AL", "BE"),
+              "local": ("L",), "base": ("BE",), "rise": ("C",)},
+    "unit": {"memory": ("M", "MH", "MX"), "held": ("MH",), "view": ("MX",), "remat": ("Z",),
+             "local": ("L",), "base": ("B",), "rise": ("C",)},
+}
 _LOW = -np.inf
 
 
@@ -145,7 +154,7 @@ class _Layout:
             for v in term.scope:
                 last_use[v] = max(last_use[v], g)
         for g, reg in enumerate(graph.regions):
-            for kind in _KIND_COORD:
+            for kind in _KINDS:
                 for term in reg.terms(kind):
                     for v in term.scope:
                         last_use[v] = max(last_use[v], g)
@@ -316,25 +325,28 @@ def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline, floor: float | Non
     grouped = graph.exclude is not None
     floor = plan.floor[g + 1] if floor is None else floor
     ceiling = plan.ceiling[g] if ceiling is None else ceiling
-    kinds = {kind: reg.terms(kind) for kind in _KIND_COORD}
     modes = range(graph.n_configs[reg.mode]) if reg.mode is not None else (None,)
     roots, parts = [], []
     for mode in modes:
         ext = plan.variants[g][mode]
+        lift: dict[str, float] = {}
         if in_unit:
-            need = dict.fromkeys(_VE_COORDS, True)
-            lift: dict[str, float] = {}
+            coords = ["t", "M", "MH", "MX"] + [c for c, kind in (("L", "local"), ("Z", "remat"), ("B", "base"),
+                                                                  ("C", "rise")) if reg.terms(kind)]
         else:
-            # H matters only if some state's D minus it can pass the floor, Y only if it can
-            need = {"MH": ceiling - ext.h_min > floor}
-            need.update(dict.fromkeys(("X", "Z", "L", "B", "C"), ext.y_max > floor))
-            # max-coordinates below these levels leave Y at or under the floor: raised to them
-            lift = {"L": floor - ext.x_max - ext.z_max, "C": floor - ext.z_max - ext.b_max}
-        present = [c for c in _VE_COORDS if c in ("t", "M") or (c == "MH" and need[c])
-                   or (need[c] and any(kinds[k] for k, cc in _KIND_COORD.items() if cc == c))]
-        coords = tuple(present) + (("cls",) if grouped else ())
+            coords = ["t", "M"]
+            if ceiling - ext.h_min > floor:              # H matters: some state's D minus it can pass the floor
+                coords.append("MH")
+            if ext.y_max > floor:                       # Y matters: it can pass the floor
+                # max-coordinates below these levels leave Y at or under the floor: raised to them
+                lift = {"L": floor - ext.x_max - ext.z_max, "C": floor - ext.z_max - ext.b_max}
+                if _reaching(reg, "local", mode, lift["L"]):
+                    coords += ["AL", "L"]
+                if _reaching(reg, "rise", mode, lift["C"]):
+                    coords += ["BE", "C"]
+        coords = tuple(coords) + (("cls",) if grouped else ())
         rule = _ve_rule(coords)
-        leaves = _leaves(graph, plan, g, coords, mode, lift)
+        leaves = _leaves(graph, plan, g, coords, mode, lift, "unit" if in_unit else "alone")
         root = _eliminate(leaves, boundary, graph.n_configs, rule, deadline)
         roots.append(root)
         if in_unit:
@@ -400,7 +412,7 @@ def _chain_maps(graph: PeakGraph, plan: _Layout) -> dict[int, dict[int, int]]:
         if ok:
             m = lambda v: fwd.get(v, None if v in chained else v)  # noqa: E731
             ok = _same_terms(plan.additive[t0], plan.additive[g], m) and all(
-                _same_terms(regs[t0].terms(k), regs[g].terms(k), m) for k in _KIND_COORD)
+                _same_terms(regs[t0].terms(k), regs[g].terms(k), m) for k in _KINDS)
             ok = ok and [m(v) for v in plan.live[t0]] == list(plan.live[g]) \
                 and [m(v) for v in plan.live[t0 + 1]] == list(plan.live[g + 1])
         if ok:
@@ -448,15 +460,20 @@ def _set(assignment: dict, v: int, sel: np.ndarray, value, shape) -> None:
     assignment[v] = cur
 
 
+def _reaching(reg, kind: str, mode: int | None, lift: float) -> bool:
+    """Whether some position term of ``kind`` can rise past ``lift`` in this variant."""
+    return any(_high(t, reg.mode, mode) > lift for t in reg.terms(kind))
+
+
 def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mode: int | None,
-            lift: dict[str, float]) -> list[kf.KFactor]:
+            lift: dict[str, float], layout: str) -> list[kf.KFactor]:
     reg = graph.regions[g]
+    feeds = _FEEDS[layout]
     k = len(coords)
     neutral = np.array([_NEUTRAL[_VE_OPS[c]] for c in coords])
     out = []
 
-    def add(term: Term, values: dict[str, np.ndarray]):
-        scope, arrays = term.scope, dict(values)
+    def add(scope, arrays: dict[str, np.ndarray]):
         if mode is not None and reg.mode in scope:
             axis = scope.index(reg.mode)
             arrays = {c: np.take(a, mode, axis=axis) for c, a in arrays.items()}
@@ -464,24 +481,28 @@ def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mo
         shape = tuple(graph.n_configs[v] for v in scope)
         vals = np.broadcast_to(neutral, shape + (k,)).copy()
         for c, a in arrays.items():
-            if c in coords:
+            vals[..., coords.index(c)] += a if _VE_OPS[c] == "sum" else 0.0
+            if _VE_OPS[c] != "sum":
                 vals[..., coords.index(c)] = np.maximum(a, lift[c]) if c in lift else a
         out.append(kf.leaf(scope, vals))
 
     for term in plan.additive[g]:
-        add(term, {"t": term.table[..., 0], "M": term.table[..., 1], "MH": term.table[..., 1]})
-    for kind, c in _KIND_COORD.items():
-        if c not in coords:
+        arrays = {c: term.table[..., 1] for c in feeds["memory"] if c in coords}
+        add(term.scope, {"t": term.table[..., 0], **arrays})
+    for kind in _KINDS:
+        targets = [c for c in feeds[kind] if c in coords]
+        if not targets:
             continue
         for term in reg.terms(kind):
-            if c in lift and _high(term, reg.mode, mode) <= lift[c]:
+            if kind in ("local", "rise") and targets[0] in lift and _high(term, reg.mode, mode) <= lift[targets[0]]:
                 continue        # a position that never rises past the lift cannot matter
-            add(term, {c: -term.table if c == "MH" else term.table})
+            table = term.table
+            add(term.scope, {c: -table if kind == "held" else table for c in targets})
     for v in reg.nodes:
         if v == reg.mode:
             continue
         flags = {"cls": graph.exclude[v].astype(float)} if "cls" in coords else {}
-        add(Term((v,), np.zeros(graph.n_configs[v])), flags)
+        add((v,), flags or {"t": np.zeros(graph.n_configs[v])})
     if "cls" in coords and reg.mode is not None:
         flag = float(graph.exclude[reg.mode][mode])
         out.append(kf.leaf((), np.where(np.array(coords) == "cls", flag, neutral)))
@@ -537,12 +558,13 @@ def _coords(vals: np.ndarray, coords: tuple[str, ...]):
 
 def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool, floor: float, slack: float) -> np.ndarray:
     """(t, M, P1, P2[, group]) from the elimination coordinates: ``P1 = M - H`` and
-    ``P2 = M + Y``, ``Y = max(X + Z + L, B + Z + C)``, with Y raised to the floor and H capped
-    at ``slack`` (ceiling - floor), beyond which neither changes the next state."""
+    ``P2 = M + Y = max(AL + L, BE + C)``, with Y raised to the floor and H capped at ``slack``
+    (ceiling - floor), beyond which neither changes the next state."""
     c, got = _coords(vals, coords)
     m = c("M")
-    y = c("Z") + np.maximum(c("X") + c("L"), c("B") + c("C"))
-    p2 = m + np.maximum(y, floor)
+    low = np.full(m.shape, _LOW)
+    p2 = np.maximum(got["AL"] + got["L"] if "AL" in got else low, got["BE"] + got["C"] if "BE" in got else low)
+    p2 = np.maximum(p2, m + floor)
     p1 = np.maximum(got["MH"], m - slack) if "MH" in got else m - slack     # absent: H cannot matter
     out = np.stack([c("t"), m, p1, p2] + ([c("cls")] if grouped else []), axis=-1)
     out[..., 0] = np.where(np.isfinite(c("t")), out[..., 0], np.inf)
@@ -552,8 +574,7 @@ def _read_out(vals: np.ndarray, coords: tuple[str, ...], grouped: bool, floor: f
 def _read_out_unit(vals: np.ndarray, coords: tuple[str, ...], grouped: bool) -> np.ndarray:
     """(t, M, P1, Q, Z, C, B[, group]) inside a unit: ``Q = M + X + L``."""
     c, _ = _coords(vals, coords)
-    m = c("M")
-    out = np.stack([c("t"), m, c("MH"), m + c("X") + c("L"), c("Z"), c("C"), c("B")]
+    out = np.stack([c("t"), c("M"), c("MH"), c("MX") + c("L"), c("Z"), c("C"), c("B")]
                    + ([c("cls")] if grouped else []), axis=-1)
     out[..., 0] = np.where(np.isfinite(c("t")), out[..., 0], np.inf)
     return out
