@@ -11,7 +11,7 @@ __all__ = ["main"]
 def _frontier_parser(sub) -> None:
     p = sub.add_parser("frontier", help="the time/memory frontier of a zoo model on a device set",
                        description="Search every mesh and per-operator sharding of a model over a device "
-                                   "set and print the Pareto frontier of (time per iteration, memory per device).")
+                                   "set and print the Pareto frontier of (time per iteration, peak memory per device).")
     p.add_argument("--model", default="gpt2", help="zoo model name (default: gpt2); see --list-models")
     p.add_argument("--devices", default="8xA100-80GB",
                    help="'8xA100-80GB', '4x8xH100' (nodes x per node), or 'cpu:4' (default: 8xA100-80GB)")
@@ -70,6 +70,12 @@ def _run_frontier(args) -> int:
             print(f.references_to_pandas()[["label"] + cols].rename(columns=names)
                   .to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
+        searched = f.stats.get("peak_search") or {}
+        if searched:
+            print("peak searches: " + ", ".join(f"{n} {k}" for k, n in sorted(searched.items()))
+                  + ("" if set(searched) <= {"exact"} else
+                     " (block: plans of the block graph re-priced; forward-end: searched on end-of-forward "
+                     "memory, then priced on the peak)"))
         for u in f.stats.get("unpriced_ops", []):
             print(f"not priced (no rule: kept replicated, per-element estimate): {u['operator']} "
                   f"{'+'.join(u['aten'])} {u['flops_fwd']:.3g} FLOPs forward, "

@@ -28,10 +28,8 @@ def show_progress(progress: bool | None) -> bool:
 
 
 def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
-                    options: SearchOptions, deadline: Deadline, stats: dict | None = None
-                    ) -> tuple[list[MeshProblem], list[Candidate]]:
-    """The cost graph of every (mesh, ZeRO stage), and the frontier points of them all;
-    ``stats`` (if given) gets, per case, which peak graph was searched."""
+                    options: SearchOptions, deadline: Deadline) -> tuple[list[MeshProblem], list[Candidate]]:
+    """The cost graph of every (mesh, ZeRO stage), and the frontier points of them all."""
     graph = ctx.graph
     cases = [(mesh, z) for mesh in space.meshes(cluster)
              for z in ((0, 2, 3) if options.zero and mesh.size > 1 else (0,))]
@@ -42,6 +40,7 @@ def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost
         bar = tqdm(cases, desc="meshes", leave=False)
     problems: list[MeshProblem] = []
     out: list[Candidate] = []
+    start_at: dict[str, str] = {}          # per mesh: the search its last ZeRO stage needed
     for mesh, z in (bar if bar is not None else cases):
         if bar is not None:
             bar.set_postfix_str(f"{mesh} zero {z}")
@@ -49,10 +48,11 @@ def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost
                                 batch_only_axes=space.batch_only_axes(mesh, cluster))
         remaining = deadline.remaining_s()
         with deadline.solving(f"mesh {mesh}, ZeRO stage {z}"):
-            found = solve_problem(problem, graph, time_limit_s=remaining)
+            found = solve_problem(problem, graph, epsilon=options.epsilon, time_limit_s=remaining,
+                                  block_groups=space.block_groups, start_at=start_at.get(str(mesh), "exact"))
+        start_at[str(mesh)] = found.stats["peak_search"]
         problems.append(problem)
-        if stats is not None:
-            stats[f"{mesh} zero{z}"] = found.stats
+        ctx.peak_searches[found.stats["peak_search"]] += 1
         for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments):
             out.append(Candidate(float(t), float(m), float(peak),
                                  partial(plan_from_assignment, ctx, problem, a, peak_model=found.model)))

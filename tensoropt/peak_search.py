@@ -6,28 +6,40 @@ it returns is priced by the exact peak model, and what it returns is the Pareto 
 prices. Where the main search ran on the block graph (a large problem), the points are
 re-priced exactly and the set is the Pareto set of the plans that search found; the block
 graph never undercounts a plan's peak, so no plan it dropped is cheaper in time and lower
-in its block peak than one returned. ``PeakSolution.stats`` says which graph was searched.
+in its block peak than one returned. Where even that would cost too much, the engine's
+search on end-of-forward memory supplies the plans. ``PeakSolution.stats`` says which
+search ran.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .engine import SolveTimeout, solve
+from .engine.kfactors import SearchTooLarge
 from .engine.kprune import kd_prune
 from .engine.peaksolve import solve_peak
 from .peakmodel import EXACT_SEARCH_ROWS, PeakModel, peak_model
 from .planner import MeshProblem
 
-__all__ = ["PeakSolution", "solve_problem"]
+__all__ = ["PeakSolution", "solve_problem", "SEARCHES", "PEAK_SEARCH_CANDIDATES", "MAX_FACTOR_BYTES"]
+
+SEARCHES = ("exact", "block", "forward-end")
+
+# What one peak search may spend before the next, cheaper one is tried: point pairs merged
+# (a few million a second on one core of a laptop) and bytes of one factor's points.
+PEAK_SEARCH_CANDIDATES = 3e6
+MAX_FACTOR_BYTES = 5e8
 
 
 @dataclass(frozen=True)
 class PeakSolution:
     model: PeakModel
     times: np.ndarray          # (n,) seconds, ascending
-    memories: np.ndarray       # (n,) end-of-forward bytes
+    memories: np.ndarray       # (n,) end-of-forward bytes, the step's input batch included
     peaks: np.ndarray          # (n,) the step's peak per device, strictly descending
     assignments: np.ndarray    # (n, nodes): configuration per operator, then per recompute unit
     stats: dict = field(default_factory=dict)
@@ -36,22 +48,62 @@ class PeakSolution:
         return len(self.times)
 
 
-def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, time_limit_s: float | None = None,
-                  exact_rows: int = EXACT_SEARCH_ROWS) -> PeakSolution:
+def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: float = 0.0,
+                  time_limit_s: float | None = None, exact_rows: int = EXACT_SEARCH_ROWS,
+                  max_candidates: float = PEAK_SEARCH_CANDIDATES, block_groups: int | None = None,
+                  start_at: str = "exact") -> PeakSolution:
     """The frontier of (time, peak) of ``problem`` (``graph``: the operator graph it was built
-    from; ``microbatches``: the input batch a pipeline stage is handed)."""
+    from; ``microbatches``: the input batch a pipeline stage is handed; ``epsilon``: see
+    ``engine.peaksolve.solve_peak``).
+
+    The searches, in order, until one stays within ``max_candidates`` point pairs merged and
+    ``MAX_FACTOR_BYTES`` per factor: the exact peak graph (where its cuts stay under
+    ``exact_rows``), the block graph, and last the engine's search in (time, end-of-forward
+    memory) (``block_groups`` as in ``engine.solve``), whose plans are then priced on their
+    peak: not the peak frontier, and ``stats["peak_search"]`` says so. ``start_at`` skips the
+    searches before it (a like problem found them too large)."""
     pm = peak_model(problem, graph, microbatches, exact_rows)
-    found = solve_peak(pm.search, time_limit_s=time_limit_s)
-    parts = [found.assignments]
-    stats = {"peak_search": "exact" if pm.search_is_exact else "block", "seconds": found.stats["seconds"]}
-    if pm.replicate is not None:
-        rep = solve_peak(pm.replicate, time_limit_s=time_limit_s)
+    start = time.monotonic()
+    deadline = None if time_limit_s is None else start + time_limit_s
+    stats: dict = {"tried": []}
+    parts: list[np.ndarray] = []
+    graphs = [("exact", pm.exact), ("block", None)] if pm.search_is_exact else [("block", pm.search)]
+    order = SEARCHES.index(start_at)
+    graphs = [(name, g) for name, g in graphs if SEARCHES.index(name) >= order]
+    found = None
+    for name, g in graphs:
+        try:
+            found = solve_peak(g if g is not None else pm.block(), epsilon=epsilon,
+                               time_limit_s=_left(deadline), max_candidates=max_candidates,
+                               max_factor_bytes=MAX_FACTOR_BYTES)
+        except SearchTooLarge as err:
+            stats["tried"].append(f"{name}: {err}")
+            continue
+        stats["peak_search"] = name
+        parts.append(found.assignments)
+        break
+    if found is None:
+        stats["peak_search"] = "forward-end"
+        fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=_left(deadline), progress=False,
+                    block_groups=block_groups)
+        parts.append(fwd.assignments)
+    elif pm.replicate is not None:
+        rep = solve_peak(pm.replicate, epsilon=epsilon, time_limit_s=_left(deadline))
         parts.append(pm.expand(rep.assignments))
-        stats["seconds"] += rep.stats["seconds"]
     a = np.concatenate(parts, axis=0) if parts else np.zeros((0, pm.exact.n_nodes), dtype=np.int64)
     priced = pm.evaluate(a) if len(a) else np.zeros((0, 3))
-    if not pm.search_is_exact and len(found.points):
+    if stats["peak_search"] == "block" and len(found.points):
         stats["block_excess_max"] = float(np.max(found.points[:, 1] / priced[:len(found.points), 2] - 1))
+    stats["seconds"] = time.monotonic() - start
     keep = kd_prune(priced[None, :, [0, 2]])[0]
     keep = keep[keep >= 0]
     return PeakSolution(pm, priced[keep, 0], priced[keep, 1], priced[keep, 2], a[keep], stats)
+
+
+def _left(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SolveTimeout("time limit reached")
+    return left

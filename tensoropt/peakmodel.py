@@ -37,6 +37,8 @@ returns are within ``PeakModel.bound`` of the exact frontier (:func:`block_bound
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -64,10 +66,17 @@ class PeakModel:
     replicate: PeakGraph | None
     replicate_configs: np.ndarray | None     # (n_ops,) configuration index per operator
     n_ops: int
+    build_block: Callable[[], PeakGraph] | None = None
 
     @property
     def search_is_exact(self) -> bool:
         return self.search is self.exact
+
+    def block(self) -> PeakGraph:
+        """The block graph (``search`` where that is it already)."""
+        if not self.search_is_exact or self.build_block is None:
+            return self.search
+        return self.build_block()
 
     def is_replicate(self, assignments: np.ndarray) -> np.ndarray:
         a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
@@ -111,10 +120,10 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
         exclude = [np.arange(len(problem.configs[i])) == rep[i] for i in range(n_ops)]
         exclude += [np.ones(2, dtype=bool) for _ in problem.units]
     exact = _build(problem, graph, microbatches, fine=True, exclude=exclude)
-    search = exact if _widest_cut(exact) <= exact_rows else \
-        _build(problem, graph, microbatches, fine=False, exclude=exclude)
+    block = partial(_build, problem, graph, microbatches, fine=False, exclude=exclude)
+    search = exact if _widest_cut(exact) <= exact_rows else block()
     only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
-    return PeakModel(exact, search, only, rep, n_ops)
+    return PeakModel(exact, search, only, rep, n_ops, block)
 
 
 def _widest_cut(g: PeakGraph) -> int:

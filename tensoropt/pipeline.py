@@ -214,12 +214,16 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
     for mesh in space.meshes(sub):
         cm = cost_for(mesh)
         fronts, solved = [], []
+        start_at = "exact"           # a stage no larger than the one before needs no more
         for spec in specs:
             g, _ = sub_graph(mb_graph, spec.ops)
             problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                     activation_factor=spec.in_flight, comm_factor=1.0 / scale,
                                     batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
-            res = solve_problem(problem, g, microbatches, time_limit_s=time_limit_s)
+            res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
+                                block_groups=space.block_groups, start_at=start_at)
+            ctx.peak_searches[res.stats["peak_search"]] += 1
+            start_at = res.stats["peak_search"]
             fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
             solved.append((g, problem, res))
         # activations cross each boundary forward and their gradients backward, each device
@@ -232,13 +236,13 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
         points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
         for (t, peak), pick in zip(points, picks):
             m = max(f[k, 1] for f, k in zip(fronts, pick))
-            build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), float(m), p2p,
+            build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), p2p,
                             stages, microbatches, buffers)
             out.append(Candidate(float(t), float(m), float(peak), build))
     return out
 
 
-def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved, pick, t: float, m: float,
+def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved, pick, t: float,
                 p2p: float, stages: int, microbatches: int, buffers) -> Plan:
     mb_graph = ctx.graph
     stage_plans = []
@@ -256,7 +260,8 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
         summary += " rc"
     training = ctx.training
     return Plan(model=mb_graph.name, devices=ctx.devices, mesh_shape=(stages, *mesh.shape),
-                mesh_links=(link.name, *(lk.name for lk in mesh.links)), time_s=t, memory_bytes=m, summary=summary,
+                mesh_links=(link.name, *(lk.name for lk in mesh.links)), time_s=t,
+                memory_bytes=max(sp.memory_bytes for sp in stage_plans), summary=summary,
                 ops=tuple(o for sp in stage_plans for o in sp.ops), breakdown=breakdown,
                 training={"precision": training.precision, "optimizer": training.optimizer,
                           "batch_size": mb_graph.batch_size * microbatches},

@@ -9,7 +9,8 @@ merge of frontiers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -33,6 +34,8 @@ class PlanContext:
     param_signature: str         # ``capture.param_signature`` of the model
     epsilon: float
     devices: str                 # the device set as the user named it
+    # how many problems each peak search (``peak_search.solve_problem``) served, filled as it runs
+    peak_searches: Counter = field(default_factory=Counter, compare=False)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,9 @@ class MeshProblem:
     accumulates: bool = False                     # gradients accumulate over micro-batches (pipeline stages)
     edge_transients: tuple = ()                   # (src, dst, backward, forward): layout moves' buffers, K_src x K_dst
     skips: tuple = ()                             # (src, last consumer) where that is not src + 1
+    # per operator: the share of its parameters' bytes that a later operator uses too (tied
+    # weights); its backward's gradient of them is added to the one already there
+    tied_share: tuple = ()
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -59,8 +62,11 @@ class MeshProblem:
         transient its backward adds, its output's bytes and, under ZeRO-3, the gathered
         parameters a recomputed forward keeps (see ``peakmodel``)."""
         act = tuple(np.array([c.activation_bytes for c in costs]) for costs in self.node_costs)
-        extra = (lambda c: c.transient_bytes + c.grad_bytes) if self.accumulates else (lambda c: c.transient_bytes)
-        trans = tuple(np.array([extra(c) for c in costs]) for costs in self.node_costs)
+        # a gradient added to one already held (micro-batches accumulating, or a tied weight's
+        # first user, reached last in backward) is a fresh buffer first
+        share = self.tied_share or (0.0,) * len(self.node_costs)
+        trans = tuple(np.array([c.transient_bytes + (1.0 if self.accumulates else f) * c.grad_bytes for c in costs])
+                      for costs, f in zip(self.node_costs, share))
         out = tuple(np.array([c.output_bytes for c in costs]) for costs in self.node_costs)
         regathered = tuple(np.array([c.regathered_bytes for c in costs]) for costs in self.node_costs)
         return act, trans, out, regathered
@@ -164,7 +170,19 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
-                       activation_factor, accumulates, tuple(edge_transients), _skips(graph))
+                       activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph))
+
+
+def _tied_share(graph: OpGraph) -> tuple[float, ...]:
+    later = {graph.operators[i].param_names[k] for i, k in tied_uses(graph)}
+    out = []
+    seen: set[str] = set()
+    for op in graph.operators:
+        own = [(t.nbytes, p) for t, p in zip(op.operands, op.param_names) if p is not None and p not in seen]
+        seen.update(p for _, p in own)
+        total = sum(b for b, _ in own)
+        out.append(sum(b for b, p in own if p in later) / total if total else 0.0)
+    return tuple(out)
 
 
 

@@ -138,7 +138,7 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     refs = reference_plans(ctx, problems, cluster.per_node) if options.references else {}
     stats = {"search_s": deadline.elapsed_s(), "meshes": sorted({str(p.mesh) for p in problems}),
              "operators": len(graph.operators), "candidates": n_mesh_points,
-             "search_space": space.describe(),
+             "search_space": space.describe(), "peak_search": dict(ctx.peak_searches),
              "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph)}
     return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats)
 

@@ -39,11 +39,16 @@ def test_coarse_frontier_splits_only_the_batch_across_nodes():
     for plan in f.plans:
         for op in plan.ops:
             assert op.config.split(",")[0] in ("-", "b"), (plan.summary, op.name, op.config)
-    full = tensoropt.frontier("gpt-tiny", "16x8xA100-80GB", max_mesh_dims=2, pipeline=False, coarse=False,
-                              progress=False, references=False)
-    # the full space contains the coarse one: its frontier is at least as good everywhere
-    assert tensoropt.engine.covers(
-        list(zip(full.times_s, full.memories_bytes)), list(zip(f.times_s, f.memories_bytes)), 1e-12)
+
+    # the full space contains the coarse one: where both are searched exactly on the peak, the
+    # full frontier is at least as good everywhere
+    small = {coarse: tensoropt.frontier("gpt-tiny", "2x1xA100-80GB", max_mesh_dims=1, pipeline=False, zero=False,
+                                        coarse=coarse, progress=False, references=False) for coarse in (True, False)}
+    assert all(set(s.stats["peak_search"]) == {"exact"} for s in small.values())
+    assert small[True].stats["search_space"]["coarse"] and not small[False].stats["search_space"]["coarse"]
+    assert len(small[False]) > len(small[True])
+    assert tensoropt.engine.covers(list(zip(small[False].times_s, small[False].memories_bytes)),
+                                   list(zip(small[True].times_s, small[True].memories_bytes)), 1e-12)
 
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "cnn-tiny", "bert-tiny"])

@@ -156,7 +156,7 @@ def test_calibrated_frontier_reprices_and_prunes():
     assert [p.summary for p, _ in neutral][0] == f.min_time().summary
     for p, t in neutral:
         assert t == pytest.approx(p.time_s)
-    mems = [p.memory_bytes for p, _ in neutral]
+    mems = [p.peak_memory_bytes for p, _ in neutral]       # the frontier's axis
     assert all(a > b for a, b in zip(mems, mems[1:]))
     # A large per-operator overhead of operator-level layouts makes a data-parallel plan fastest.
     heavy = calibrated_frontier(plans, StepCalibration(per_sharded_op_s=1.0), graph)

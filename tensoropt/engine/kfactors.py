@@ -21,10 +21,38 @@ from .factors import SolveTimeout
 from .kprune import kd_prune
 from .native import kernels
 
-__all__ = ["KFactor", "Rule", "leaf", "combine", "reconstruct", "CHUNK_VALUES"]
+__all__ = ["KFactor", "Rule", "Limits", "SearchTooLarge", "leaf", "combine", "reconstruct", "CHUNK_VALUES"]
 
 # Largest number of candidate coordinates materialised at once before a combine is chunked.
 CHUNK_VALUES = 1 << 24
+
+
+class SearchTooLarge(Exception):
+    """A search would go past its :class:`Limits` of work or memory."""
+
+
+@dataclass
+class Limits:
+    """What a search may spend: a deadline (``time.monotonic()`` seconds), merged point pairs
+    (``candidates``, the work of every combine summed; checked before a combine runs, so the
+    outcome does not depend on the machine's speed) and the bytes of one factor's points."""
+    deadline: float | None = None
+    candidates: float = float("inf")
+    factor_bytes: float = float("inf")
+    spent: int = 0
+
+    def check_time(self) -> None:
+        if self.deadline is not None and _time.monotonic() > self.deadline:
+            raise SolveTimeout("time limit reached during a combine")
+
+    def spend(self, candidates: int) -> None:
+        self.spent += candidates
+        if self.spent > self.candidates:
+            raise SearchTooLarge(f"more than {self.candidates:.3g} point pairs to merge")
+
+    def check_bytes(self, nbytes: float) -> None:
+        if nbytes > self.factor_bytes:
+            raise SearchTooLarge(f"a factor of {nbytes / 1e9:.2f} GB, over the {self.factor_bytes / 1e9:.2f} GB allowed")
 
 
 @dataclass(frozen=True)
@@ -87,7 +115,7 @@ def _aligned(f: KFactor, order: tuple[int, ...]) -> np.ndarray:
 
 
 def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
-            deadline: float | None = None) -> KFactor:
+            limits: Limits | None = None) -> KFactor:
     """``f`` and ``g`` merged over the union of their scopes, the nodes in ``eliminate``
     folded out. Back-pointer of a point: ``(e * wf + i) * wg + j``, ``e`` the eliminated
     nodes' joint configuration (row-major), ``i``/``j`` the points of ``f``/``g`` it merges."""
@@ -110,10 +138,12 @@ def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
     n = n_e * wf * wg
     step = max(1, CHUNK_VALUES // max(n * (k + 1), 1))
     lib = kernels() if rule.native is not None else None
+    limits = limits or Limits()
+    limits.spend(rows * n)
     vals_parts, src_parts = [], []
+    width = 1
     for r0 in range(0, rows, step):
-        if deadline is not None and _time.monotonic() > deadline:
-            raise SolveTimeout("time limit reached during a combine")
+        limits.check_time()
         rs = slice(r0, min(r0 + step, rows))
         if lib is not None:
             vals, keep = _native(lib, rule, fa, f_row[rs], f_e, f.k, ga, g_row[rs], g_e, g.k, n_e, wf, wg)
@@ -121,6 +151,8 @@ def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
             vals, keep = _numpy(rule, fa, f_row[rs], f_e, f.k, ga, g_row[rs], g_e, g.k, n_e, wf, wg)
         vals_parts.append(vals)
         src_parts.append(keep)
+        width = max(width, vals.shape[1])
+        limits.check_bytes(rows * width * (k + 1) * 8.0)   # the padded result, at least
     width = max(p.shape[1] for p in vals_parts)
     vals = np.concatenate([_pad(p, width) for p in vals_parts], axis=0).reshape(out_dims + (width, k))
     src = np.concatenate([_pad_src(p, width) for p in src_parts], axis=0).reshape(out_dims + (width,))

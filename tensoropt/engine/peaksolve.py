@@ -78,11 +78,25 @@ class PeakResult:
         return len(self.points)
 
 
-def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakResult:
-    """Every assignment whose (time, peak) no other assignment beats, one per point."""
+def solve_peak(graph: PeakGraph, *, epsilon: float = 0.0, time_limit_s: float | None = None,
+               max_candidates: float = float("inf"), max_factor_bytes: float = float("inf")) -> PeakResult:
+    """Every assignment whose (time, peak) no other assignment beats, one per point.
+
+    ``epsilon > 0``: after every region the states keep, in each cell of a grid of width
+    ``η = ε · P_lb / n`` over (R, A), only their fastest point (``P_lb``: a lower bound of any
+    peak, the least of every additive memory term summed; ``n``: the regions). Each drop moves
+    R and A by less than η and later steps pass such errors on no larger, so every exact
+    frontier point has a returned one no slower whose peak is less than ``ε · P_lb`` above it:
+    within a factor (1 + ε); every returned point is its assignment's exact cost.
+
+    ``max_candidates`` (point pairs merged, summed over the search) and ``max_factor_bytes``
+    (one factor's points): past either, :class:`~tensoropt.engine.kfactors.SearchTooLarge`."""
+    if not (epsilon >= 0 and np.isfinite(epsilon)):
+        raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
     start = time.monotonic()
-    deadline = None if time_limit_s is None else start + time_limit_s
+    limits = kf.Limits(None if time_limit_s is None else start + time_limit_s, max_candidates, max_factor_bytes)
     plan = _Layout(graph)
+    quantum = epsilon * _peak_lower_bound(graph) / max(len(graph.regions), 1) if epsilon > 0 else 0.0
     grouped = graph.exclude is not None
     state = kf.leaf((), np.array([0.0, 0.0, plan.floor[0]] + ([1.0] if grouped else [])))   # A = R + b_0
     maps = _chain_maps(graph, plan)
@@ -93,7 +107,7 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
             if unit is not None:
                 if g == unit[0]:
                     state = _open_unit(state, grouped)
-                piece = _piece(graph, plan, g, deadline, in_unit=True)
+                piece = _piece(graph, plan, g, limits, in_unit=True)
                 rule = _unit_rule(grouped, close=g == unit[1], floor=plan.floor[g + 1])
             else:
                 if g in maps and template is not None:
@@ -101,13 +115,15 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
                 elif maps and g == graph.chain[1]:
                     # the template serves every region it stands for: the lowest floor, highest ceiling
                     shared = [g] + list(maps)
-                    piece = template = _piece(graph, plan, g, deadline, min(plan.floor[r + 1] for r in shared),
+                    piece = template = _piece(graph, plan, g, limits, min(plan.floor[r + 1] for r in shared),
                                               max(plan.ceiling[r] for r in shared))
                 else:
-                    piece = _piece(graph, plan, g, deadline)
+                    piece = _piece(graph, plan, g, limits)
                 rule = _fold_rule(grouped, plan.floor[g + 1])
             gone = tuple(v for v in plan.live[g] if v not in plan.live[g + 1])
-            state = kf.combine(state, piece, rule, eliminate=gone, deadline=deadline)
+            state = kf.combine(state, piece, rule, eliminate=gone, limits=limits)
+            if quantum > 0 and (g not in plan.unit_of or g == plan.unit_of[g][1]):
+                state = _coarsen(state, quantum, grouped)
             plan.widest_state = max(plan.widest_state, state.width)
     except SolveTimeout as err:
         raise SolveTimeout(f"peak frontier search stopped after {time.monotonic() - start:.1f} s "
@@ -130,10 +146,43 @@ def solve_peak(graph: PeakGraph, *, time_limit_s: float | None = None) -> PeakRe
     assignments = np.column_stack([np.broadcast_to(found[v], (len(points),)) for v in range(graph.n_nodes)]) \
         if len(points) else np.zeros((0, graph.n_nodes), dtype=np.int64)
     _verify(graph, points, assignments)
-    stats = {"seconds": time.monotonic() - start, "regions": len(graph.regions),
+    stats = {"seconds": time.monotonic() - start, "candidates": limits.spent, "regions": len(graph.regions),
+             "epsilon": float(epsilon),
+             "quantum": quantum,
              "max_live": max((len(s) for s in plan.live), default=0), "widest_piece": plan.widest,
              "widest_state": plan.widest_state, "pieces_reused": len(maps) if template is not None else 0}
     return PeakResult(points, assignments.astype(np.int64), stats)
+
+
+def _peak_lower_bound(graph: PeakGraph) -> float:
+    """No assignment's peak is below this: every additive memory term at its least, summed."""
+    return max(sum(float(t.table[..., 1].min()) for t in graph.additive), 0.0)
+
+
+def _coarsen(state: kf.KFactor, quantum: float, grouped: bool) -> kf.KFactor:
+    """Per row, only the fastest point of each (R, A) cell of width ``quantum`` (and group)."""
+    vals, src = state.vals, state.src
+    dims = vals.shape[:-2]
+    flat = vals.reshape(-1, vals.shape[-2], vals.shape[-1])
+    fsrc = src.reshape(-1, src.shape[-1])
+    keep_rows = []
+    for r in range(flat.shape[0]):
+        live = np.flatnonzero(np.isfinite(flat[r, :, 0]))
+        pts = flat[r, live]
+        cells = np.floor(pts[:, 1:3] / quantum)
+        key = np.column_stack([cells, pts[:, 3:4]]) if grouped else cells
+        order = np.lexsort((pts[:, 2], pts[:, 1], pts[:, 0]))     # fastest first
+        _, first = np.unique(key[order], axis=0, return_index=True)
+        keep_rows.append(np.sort(live[order[first]]))
+    width = max(max((len(k) for k in keep_rows), default=0), 1)
+    out_v = np.zeros((flat.shape[0], width, vals.shape[-1]))
+    out_v[..., 0] = np.inf
+    out_s = np.full((flat.shape[0], width), -1, dtype=np.int64)
+    for r, k in enumerate(keep_rows):
+        out_v[r, :len(k)] = flat[r, k]
+        out_s[r, :len(k)] = fsrc[r, k]
+    return kf.KFactor(state.scope, out_v.reshape(dims + (width, vals.shape[-1])), out_s.reshape(dims + (width,)),
+                      state.kind, state.inputs, state.eliminated, state.elim_sizes, state.extra)
 
 
 # ---------------------------------------------------------------------------- layout
@@ -316,7 +365,7 @@ def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
 # ---------------------------------------------------------------------------- pieces
 
 
-def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline, floor: float | None = None,
+def _piece(graph: PeakGraph, plan: _Layout, g: int, limits: kf.Limits, floor: float | None = None,
            ceiling: float | None = None, in_unit: bool = False) -> kf.KFactor:
     """The region's Pareto sets over the live nodes on both sides: (t, M, M - H, M + Y[, group])
     for a region that is its own unit, (t, M, M - H, M + X + L, Z, C, B[, group]) inside one."""
@@ -347,7 +396,7 @@ def _piece(graph: PeakGraph, plan: _Layout, g: int, deadline, floor: float | Non
         coords = tuple(coords) + (("cls",) if grouped else ())
         rule = _ve_rule(coords)
         leaves = _leaves(graph, plan, g, coords, mode, lift, "unit" if in_unit else "alone")
-        root = _eliminate(leaves, boundary, graph.n_configs, rule, deadline)
+        root = _eliminate(leaves, boundary, graph.n_configs, rule, limits)
         roots.append(root)
         if in_unit:
             parts.append(_read_out_unit(root.vals, coords, grouped))
@@ -509,7 +558,7 @@ def _leaves(graph: PeakGraph, plan: _Layout, g: int, coords: tuple[str, ...], mo
     return out
 
 
-def _eliminate(leaves: list[kf.KFactor], keep: tuple[int, ...], sizes, rule: kf.Rule, deadline) -> kf.KFactor:
+def _eliminate(leaves: list[kf.KFactor], keep: tuple[int, ...], sizes, rule: kf.Rule, limits: kf.Limits) -> kf.KFactor:
     """Fold every node of the leaves not in ``keep`` out; the factor over ``keep``."""
     scopes = [f.scope for f in leaves]
     used = {v for s in scopes for v in s}
@@ -520,21 +569,21 @@ def _eliminate(leaves: list[kf.KFactor], keep: tuple[int, ...], sizes, rule: kf.
         for group in step.groups:
             acc = table[group[0]]
             for i in group[1:]:
-                acc = kf.combine(acc, table[i], rule, deadline=deadline)
+                acc = kf.combine(acc, table[i], rule, limits=limits)
             merged.append(acc)
         acc = merged[0]
         for f in merged[1:]:
-            acc = kf.combine(acc, f, rule, deadline=deadline)
-        table.append(kf.combine(acc, _unit(rule), rule, eliminate=(step.node,), deadline=deadline))
+            acc = kf.combine(acc, f, rule, limits=limits)
+        table.append(kf.combine(acc, _unit(rule), rule, eliminate=(step.node,), limits=limits))
         for i in step.factors:
             table[i].release()
     acc = _unit(rule)
     for i in plan.leftover:
-        acc = kf.combine(acc, table[i], rule, deadline=deadline)
+        acc = kf.combine(acc, table[i], rule, limits=limits)
     for v in keep:          # every boundary node in the scope, in the boundary's order
         if v not in acc.scope:
             acc = kf.combine(acc, kf.leaf((v,), np.broadcast_to(rule.neutral, (sizes[v], rule.k))),
-                             rule, deadline=deadline)
+                             rule, limits=limits)
     if acc.scope != tuple(keep):
         perm = [acc.scope.index(v) for v in keep]
         nd = len(keep)

@@ -1,0 +1,176 @@
+"""The (time, peak memory) search: equal to brute force on random peak graphs and on small
+models, the ε bound in both objectives, the compiled kernels equal to numpy, and limits
+that stop a search before it grows past them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensoropt.engine import SolveTimeout
+from tensoropt.engine import kfactors
+from tensoropt.engine.kfactors import SearchTooLarge
+from tensoropt.engine.peaksolve import solve_peak
+from tensoropt.engine.reference import brute_force_peak_frontier, pareto_points
+
+from peak_graphs import random_peak_graph
+
+VARIANTS = {
+    "plain": dict(modes=False),
+    "modes": dict(modes=True),
+    "units": dict(modes=True, units=True),
+    "exclude": dict(modes=True, exclude=True),
+    "chain": dict(modes=True, chain=3, regions=1, n_ops=3),
+    "units+exclude": dict(modes=True, units=True, exclude=True, n_ops=7),
+}
+
+
+def _check_points(graph, res):
+    """Every returned point is its assignment's cost, strictly Pareto."""
+    priced = graph.evaluate(res.assignments)
+    assert np.array_equal(priced[:, [0, 2]], res.points)
+    assert np.all(np.diff(res.points[:, 0]) > 0) and np.all(np.diff(res.points[:, 1]) < 0)
+    assert not graph.excluded(res.assignments).any()
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_random_peak_graphs_equal_brute_force(variant):
+    for seed in range(40):
+        graph = random_peak_graph(seed, **VARIANTS[variant])
+        res = solve_peak(graph)
+        exact, _ = brute_force_peak_frontier(graph)
+        assert np.array_equal(res.points, exact), (variant, seed)
+        _check_points(graph, res)
+
+
+def test_compiled_kernels_equal_numpy(monkeypatch):
+    graphs = [random_peak_graph(seed, modes=True, units=seed % 2 == 0, exclude=seed % 3 == 0) for seed in range(25)]
+    native = [solve_peak(g) for g in graphs]
+    monkeypatch.setattr(kfactors, "kernels", lambda: None)
+    for g, a in zip(graphs, native):
+        b = solve_peak(g)
+        assert np.array_equal(a.points, b.points)
+        assert np.array_equal(g.evaluate(b.assignments), g.evaluate(a.assignments))
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.5])
+def test_epsilon_bound_holds_in_both_objectives(epsilon):
+    """Every exact point has a returned one no slower and at most (1 + ε) times its peak; each
+    returned point is its assignment's exact cost."""
+    coarsened = 0
+    for seed in range(40):
+        graph = random_peak_graph(seed, modes=True, units=seed % 2 == 1, n_ops=7)
+        exact, _ = brute_force_peak_frontier(graph)
+        res = solve_peak(graph, epsilon=epsilon)
+        _check_points(graph, res)
+        for t, p in exact:
+            assert ((res.points[:, 0] <= t) & (res.points[:, 1] <= (1 + epsilon) * p)).any(), (seed, t, p)
+        coarsened += len(res) < len(exact)
+    if epsilon >= 0.5:
+        assert coarsened > 0      # the bound is not met by returning everything
+
+
+def test_limits_stop_the_search_before_it_grows():
+    graph = random_peak_graph(3, modes=True, n_ops=8, k_range=(3, 5))
+    full = solve_peak(graph)
+    assert full.stats["candidates"] > 100
+    with pytest.raises(SearchTooLarge, match="point pairs"):
+        solve_peak(graph, max_candidates=full.stats["candidates"] // 2)
+    with pytest.raises(SearchTooLarge, match="GB"):
+        solve_peak(graph, max_factor_bytes=64)
+    with pytest.raises(SolveTimeout):
+        solve_peak(graph, time_limit_s=0.0)
+    # within its limits, the same answer
+    again = solve_peak(graph, max_candidates=full.stats["candidates"])
+    assert np.array_equal(again.points, full.points)
+
+
+# --- small models: every assignment priced by the peak model, enumerated ---------------
+
+def _record(monkeypatch):
+    import tensoropt.mesh_search as mesh_search
+
+    seen = []
+    real = mesh_search.solve_problem
+
+    def recording(problem, graph, *args, **kwargs):
+        found = real(problem, graph, *args, **kwargs)
+        seen.append(found)
+        return found
+    monkeypatch.setattr(mesh_search, "solve_problem", recording)
+    return seen
+
+
+def _brute_force(found) -> np.ndarray:
+    """Every (time, peak) the problem's plans can have, as the Pareto set."""
+    pm = found.model
+    pts = [brute_force_peak_frontier(pm.exact)[0]]
+    if pm.replicate is not None:
+        pts.append(brute_force_peak_frontier(pm.replicate)[0])
+    return pareto_points(np.concatenate(pts))
+
+
+def _residual_mlp():
+    """Two repeated residual blocks (so recompute units are searched) in a user's own code."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+
+        def forward(self, x):
+            return x + self.down(F.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self, d=32):
+            super().__init__()
+            self.stem = nn.Linear(d, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(2))
+
+        def forward(self, x, y):
+            x = self.stem(x)
+            for b in self.blocks:
+                x = b(x)
+            return F.mse_loss(x, y)
+
+    with torch.device("meta"):
+        model = Net()
+        inputs = (torch.randn(8, 32), torch.randn(8, 32))
+    return model, inputs
+
+
+@pytest.fixture(scope="module")
+def mlp_search():
+    import tensoropt
+
+    model, inputs = _residual_mlp()
+    with pytest.MonkeyPatch.context() as mp:
+        seen = _record(mp)
+        f = tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False)
+    return f, seen
+
+
+def test_small_model_frontiers_equal_brute_force(mlp_search):
+    f, seen = mlp_search
+    assert len(seen) == 3                                     # ZeRO 0, 2 and 3 on the one mesh
+    assert any(len(s.model.exact.units) for s in seen)        # recompute units searched as units
+    for found in seen:
+        assert found.stats["peak_search"] == "exact"
+        assert found.model.exact.n_assignments > 1000
+        assert np.array_equal(np.column_stack([found.times, found.peaks]), _brute_force(found))
+
+
+def test_best_under_a_budget_is_the_brute_force_optimum(mlp_search):
+    f, seen = mlp_search
+    every = np.concatenate([_brute_force(s) for s in seen])
+    peaks = np.unique(every[:, 1])
+    for budget in list(peaks[:: max(1, len(peaks) // 8)]) + [peaks[-1] * 2]:
+        best = f.best(memory_budget=float(budget))
+        assert best.peak_memory_bytes <= budget * (1 + 1e-12)
+        assert best.time_s == pytest.approx(every[every[:, 1] <= budget, 0].min(), rel=1e-12)
+    # every plan states the peak it was searched on
+    for p in f.plans:
+        assert np.isclose(every, [p.time_s, p.peak_memory_bytes], rtol=1e-12, atol=0).all(axis=1).any()
