@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CASES = [
     ("gpt2", "8xA100-80GB", dict(max_mesh_dims=2)),
-    ("bert-large", "8xA100-80GB", dict(max_mesh_dims=2)),
-    ("llama3-8b", "8xH100", dict(max_mesh_dims=2)),
+    ("bert-large", "8xA100-80GB", dict(max_mesh_dims=2, epsilon=0.01)),
+    ("llama3-8b", "8xH100", dict(max_mesh_dims=2, epsilon=0.01)),
 ]
 QUICK = [("gpt-tiny", "4xA100-80GB", dict(max_mesh_dims=2))]
 
@@ -81,10 +81,14 @@ def run_case(model: str, devices: str, settings: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one small case")
+    ap.add_argument("--models", default="", help="comma-separated: only these models of the cases")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench" / "peak_frontier.json"))
     args = ap.parse_args()
     results = []
+    only = set(filter(None, args.models.split(",")))
     for model, devices, settings in (QUICK if args.quick else CASES):
+        if only and model not in only:
+            continue
         r = run_case(model, devices, settings)
         print(json.dumps({k: r[k] for k in ("model", "devices", "peak_search", "forward_end", "plans_gained",
                                             "plans_lost")}), flush=True)
