@@ -67,7 +67,10 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     deadline = None if time_limit_s is None else start + time_limit_s
     stats: dict = {"tried": []}
     parts: list[np.ndarray] = []
-    graphs = [("exact", pm.exact), ("block", None)] if pm.search_is_exact else [("block", pm.search)]
+    if not pm.search_is_exact:
+        graphs = [("block", pm.search)]
+    else:   # a one-device mesh has no block graph of its own: the exact one is all there is
+        graphs = [("exact", pm.exact)] + ([("block", None)] if pm.build_block is not None else [])
     order = SEARCHES.index(start_at)
     graphs = [(name, g) for name, g in graphs if SEARCHES.index(name) >= order]
     found = None
