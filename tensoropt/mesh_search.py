@@ -1,8 +1,9 @@
-"""Every mesh of a device set, and every ZeRO stage on it: one cost graph each, solved.
+"""Every mesh of a device set, and every ZeRO stage on it: one cost graph each, as a job.
 
 For each mesh of the search space and ZeRO stage 0 (2 and 3 too on meshes of more than one
-device, with ``SearchOptions.zero``) the planner builds the cost graph, ``peak_search``
-solves its frontier in (time, the step's peak memory), and every frontier point becomes a
+device, with ``SearchOptions.zero``) the planner builds the cost graph and ``engine.bounds``
+its lower bound; the job, when run (``search_jobs``), has ``peak_search`` solve its frontier
+in (time, the step's peak memory), and every frontier point becomes a
 :class:`~tensoropt.plan_builder.Candidate`.
 """
 
@@ -13,47 +14,51 @@ from functools import partial
 from typing import Callable
 
 from .costmodel import CostModel
+from .engine.bounds import lower_bound
 from .mesh import Cluster, Mesh
 from .peak_search import solve_problem
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
 from .planner import MeshProblem, build_problem
-from .search_options import Deadline, SearchOptions
+from .search_jobs import Job
+from .search_options import SearchOptions
 from .space import SearchSpace
 
-__all__ = ["mesh_candidates", "show_progress"]
+__all__ = ["mesh_cases", "mesh_jobs", "show_progress"]
 
 
 def show_progress(progress: bool | None) -> bool:
     return progress if progress is not None else sys.stderr.isatty()
 
 
-def mesh_candidates(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
-                    options: SearchOptions, deadline: Deadline) -> tuple[list[MeshProblem], list[Candidate]]:
-    """The cost graph of every (mesh, ZeRO stage), and the frontier points of them all."""
-    graph = ctx.graph
-    cases = [(mesh, z) for mesh in space.meshes(cluster)
-             for z in ((0, 2, 3) if options.zero and mesh.size > 1 else (0,))]
-    bar = None
-    if show_progress(options.progress):
-        from tqdm.auto import tqdm
+def mesh_cases(cluster: Cluster, space: SearchSpace, options: SearchOptions) -> list[tuple[Mesh, int]]:
+    return [(mesh, z) for mesh in space.meshes(cluster)
+            for z in ((0, 2, 3) if options.zero and mesh.size > 1 else (0,))]
 
-        bar = tqdm(cases, desc="meshes", leave=False)
+
+def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
+              options: SearchOptions, bar=None) -> tuple[list[MeshProblem], list[Job]]:
+    """The cost graph of every (mesh, ZeRO stage), and its job; ``bar`` advances per job built."""
     problems: list[MeshProblem] = []
-    out: list[Candidate] = []
-    start_at: dict[str, str] = {}          # per mesh: the search its last ZeRO stage needed
-    for mesh, z in (bar if bar is not None else cases):
-        if bar is not None:
-            bar.set_postfix_str(f"{mesh} zero {z}")
-        problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z, recompute=options.recompute,
+    jobs: list[Job] = []
+    start_at: dict[str, str] = {}          # per mesh: the search its last solved ZeRO stage needed
+    for mesh, z in mesh_cases(cluster, space, options):
+        problem = build_problem(ctx.graph, mesh, cost_for(mesh), zero_stage=z, recompute=options.recompute,
                                 batch_only_axes=space.batch_only_axes(mesh, cluster))
-        remaining = deadline.remaining_s()
-        with deadline.solving(f"mesh {mesh}, ZeRO stage {z}"):
-            found = solve_problem(problem, graph, epsilon=options.epsilon, time_limit_s=remaining,
-                                  block_groups=space.block_groups, start_at=start_at.get(str(mesh), "exact"))
-        start_at[str(mesh)] = found.stats["peak_search"]
         problems.append(problem)
-        ctx.peak_searches[found.stats["peak_search"]] += 1
-        for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments):
-            out.append(Candidate(float(t), float(m), float(peak),
-                                 partial(plan_from_assignment, ctx, problem, a, peak_model=found.model)))
-    return problems, out
+        jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
+                        partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at)))
+        if bar is not None:
+            bar.update(1)
+    return problems, jobs
+
+
+def _solve(ctx: PlanContext, problem: MeshProblem, epsilon: float, block_groups, start_at: dict[str, str],
+           time_limit_s: float | None) -> list[Candidate]:
+    key = str(problem.mesh)
+    found = solve_problem(problem, ctx.graph, epsilon=epsilon, time_limit_s=time_limit_s,
+                          block_groups=block_groups, start_at=start_at.get(key, "exact"))
+    start_at[key] = found.stats["peak_search"]
+    ctx.peak_searches[found.stats["peak_search"]] += 1
+    return [Candidate(float(t), float(m), float(peak), partial(plan_from_assignment, ctx, problem, a,
+                                                                peak_model=found.model))
+            for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments)]

@@ -28,6 +28,7 @@ import numpy as np
 
 from .collectives import send_recv_s
 from .costmodel import CostModel
+from .engine.bounds import LowerBound, lower_bound
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
@@ -35,12 +36,13 @@ from .plan import Plan
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
 from .peak_search import solve_problem
 from .planner import build_problem
-from .search_options import Deadline, SearchOptions
+from .search_jobs import Job
+from .search_options import SearchOptions
 from .space import SearchSpace
 
 __all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
-           "pipeline_plans", "pipeline_candidates", "pipeline_search", "Candidate", "check_pipeline", "sub_graph",
-           "boundary_bytes", "stage_cluster"]
+           "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "StagesBound", "Candidate",
+           "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
@@ -181,64 +183,112 @@ def pipeline_plans(*args, **kw) -> list[Plan]:
     return [c.build() for c in pipeline_candidates(*args, **kw)]
 
 
-def pipeline_search(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: Cluster, space: SearchSpace,
-                    cost_for: Callable[[Mesh], CostModel], options: SearchOptions,
-                    deadline: Deadline) -> list[Candidate]:
-    """The frontier points of every stage count that divides both the blocks and the devices,
-    and every micro-batch count of it (:func:`microbatch_counts`); ``ctx.graph`` is the model
-    at the global batch, ``recapture(b)`` the model at batch ``b``."""
-    graph = ctx.graph
-    out: list[Candidate] = []
+def pipeline_shapes(graph: OpGraph, cluster: Cluster, space: SearchSpace) -> list[tuple[int, int, Mesh]]:
+    """Every (stage count, micro-batch count, stage mesh) the search tries: stage counts that
+    divide both the blocks and the devices, micro-batch counts of :func:`microbatch_counts`."""
     if not graph.blocks or cluster.world_size <= 1:
-        return out
-    for p in stage_counts(len(graph.blocks), cluster.world_size):
-        for m in microbatch_counts(graph.batch_size, p):
-            remaining = deadline.remaining_s()
-            with deadline.solving(f"{p} pipeline stages, {m} micro-batches"):
-                out += pipeline_candidates(replace(ctx, graph=recapture(graph.batch_size // m)), cluster, p, m,
-                                           cost_for, space, options.recompute, remaining)
-    return out
+        return []
+    return [(p, m, mesh) for p in stage_counts(len(graph.blocks), cluster.world_size)
+            for m in microbatch_counts(graph.batch_size, p)
+            for mesh in space.meshes(stage_cluster(cluster, p)[0])]
+
+
+def pipeline_jobs(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: Cluster, space: SearchSpace,
+                  cost_for: Callable[[Mesh], CostModel], options: SearchOptions, bar=None) -> list[Job]:
+    """A job per :func:`pipeline_shapes` entry; ``ctx.graph`` is the model at the global
+    batch, ``recapture(b)`` the model at batch ``b``; ``bar`` advances per job built."""
+    graph = ctx.graph
+    jobs: list[Job] = []
+    for p, m, mesh in pipeline_shapes(graph, cluster, space):
+        mb_ctx = replace(ctx, graph=recapture(graph.batch_size // m))
+        jobs.append(_stage_job(mb_ctx, cluster, p, m, mesh, cost_for(mesh), space, options.recompute))
+        if bar is not None:
+            bar.update(1)
+    return jobs
 
 
 def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int,
                         cost_for: Callable[[Mesh], CostModel], space: SearchSpace, recompute: bool,
                         time_limit_s: float | None = None) -> list[Candidate]:
-    """The frontier points of one (stage count, micro-batch count) choice; ``ctx.graph`` is
-    the model captured at the micro-batch size."""
+    """The frontier points of one (stage count, micro-batch count) choice over every stage
+    mesh; ``ctx.graph`` is the model captured at the micro-batch size."""
+    mb_graph = ctx.graph
+    check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
+    out = []
+    for mesh in space.meshes(stage_cluster(cluster, stages)[0]):
+        out += _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute).solve(time_limit_s)
+    return out
+
+
+@dataclass(frozen=True)
+class StagesBound:
+    """A lower bound on pipeline plans from their stages' (``engine.bounds``): the slowest
+    stage within a memory budget sets the time, the stage holding most sets the memory."""
+    stages: tuple[LowerBound, ...]     # each already shifted by its stage's boundary buffers
+    scale: float                       # micro-batches + stages - 1
+    p2p_s: float
+
+    def time_within(self, budget: float) -> float:
+        return self.scale * (max(b.time_within(budget) for b in self.stages) + self.p2p_s)
+
+    @property
+    def time_min(self) -> float:
+        return self.time_within(float("inf"))
+
+    @property
+    def memory_min(self) -> float:
+        return max(b.memory_min for b in self.stages)
+
+
+def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int, mesh: Mesh, cm: CostModel,
+               space: SearchSpace, recompute: bool) -> Job:
+    """One stage mesh of one (stage count, micro-batch count): its stage problems built and
+    bounded; solving them composes their frontiers."""
     mb_graph = ctx.graph
     check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
     sub, link = stage_cluster(cluster, stages)
     specs = split_stages(mb_graph, stages)
     scale = microbatches + stages - 1
+    built = []
+    for spec in specs:
+        g, _ = sub_graph(mb_graph, spec.ops)
+        problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
+                                activation_factor=spec.in_flight, comm_factor=1.0 / scale,
+                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
+        built.append((g, problem))
+    # activations cross each boundary forward and their gradients backward, each device
+    # sending its share
+    p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
+                              link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+    buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
+    bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
+                        float(scale), p2p)
+    label = f"{stages} pipeline stages, {microbatches} micro-batches, stage mesh {mesh}"
+    return Job(label, bound, partial(_solve_stages, ctx, sub, link, mesh, specs, built, p2p, buffers,
+                                     stages, microbatches, space.block_groups))
+
+
+def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built, p2p: float, buffers,
+                  stages: int, microbatches: int, block_groups, time_limit_s: float | None) -> list[Candidate]:
+    scale = microbatches + stages - 1
+    fronts, solved = [], []
+    start_at = "exact"           # a stage no larger than the one before needs no more
+    for g, problem in built:
+        res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
+                            block_groups=block_groups, start_at=start_at)
+        ctx.peak_searches[res.stats["peak_search"]] += 1
+        start_at = res.stats["peak_search"]
+        fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
+        solved.append((g, problem, res))
+    fronts = [f + np.array([0.0, b, b]) for f, b in zip(fronts, buffers)]
+    # stages compose on their peaks, each stage's as its plan will state it
+    points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
     out = []
-    for mesh in space.meshes(sub):
-        cm = cost_for(mesh)
-        fronts, solved = [], []
-        start_at = "exact"           # a stage no larger than the one before needs no more
-        for spec in specs:
-            g, _ = sub_graph(mb_graph, spec.ops)
-            problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
-                                    activation_factor=spec.in_flight, comm_factor=1.0 / scale,
-                                    batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
-            res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
-                                block_groups=space.block_groups, start_at=start_at)
-            ctx.peak_searches[res.stats["peak_search"]] += 1
-            start_at = res.stats["peak_search"]
-            fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
-            solved.append((g, problem, res))
-        # activations cross each boundary forward and their gradients backward, each device
-        # sending its share
-        p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
-                                  link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-        buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
-        fronts = [f + np.array([0.0, b, b]) for f, b in zip(fronts, buffers)]
-        # stages compose on their peaks, each stage's as its plan will state it
-        points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
-        for (t, peak), pick in zip(points, picks):
-            m = max(f[k, 1] for f, k in zip(fronts, pick))
-            build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), p2p,
-                            stages, microbatches, buffers)
-            out.append(Candidate(float(t), float(m), float(peak), build))
+    for (t, peak), pick in zip(points, picks):
+        m = max(f[k, 1] for f, k in zip(fronts, pick))
+        build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), p2p,
+                        stages, microbatches, buffers)
+        out.append(Candidate(float(t), float(m), float(peak), build))
     return out
 
 

@@ -29,14 +29,17 @@ from .capture.signature import param_signature
 from .engine.pareto import prune_rows
 from .frontiers import Frontier
 from .mesh import Cluster, parse_devices
-from .mesh_search import mesh_candidates
+from .engine import memguard
+from .engine.memguard import memory_cap
+from .mesh_search import mesh_cases, mesh_jobs, show_progress
 from .opgraph import OpGraph
-from .pipeline import pipeline_search
+from .pipeline import pipeline_jobs, pipeline_shapes
 from .plan_builder import PlanContext
 from .pricing import cost_models
 from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
-from .search_options import Deadline, SearchOptions
+from .search_jobs import run_jobs
+from .search_options import MEMORY_ADVICE, Deadline, SearchOptions
 from .space import SearchSpace
 from .training import TrainingConfig
 
@@ -62,6 +65,8 @@ def frontier(
     time_limit_s: float | None = None,
     progress: bool | None = None,
     references: bool = True,
+    memory_limit: float | str | None = None,
+    prune_meshes: bool = True,
 ) -> "Frontier | ScalingFrontier":
     """The Pareto frontier of (per-iteration time, per-device peak memory) over training plans.
 
@@ -85,7 +90,11 @@ def frontier(
     and 3 on the data-parallel axes; stage 1 moves the same bytes as stage 2 and keeps more, so
     it never reaches the frontier), ``recompute`` (activation recomputation per repeated block),
     ``pipeline`` (pipeline stages over the repeated blocks, 1F1B), ``time_limit_s``,
-    ``progress`` and ``references``.
+    ``progress``, ``references``, ``memory_limit`` (the resident memory the search may hold,
+    e.g. ``"8GB"``; by default 80 % of what the machine has available: past it the search stops
+    with :class:`~tensoropt.engine.memguard.SearchMemoryExceeded`, saying what to change) and
+    ``prune_meshes`` (skip a mesh or pipeline shape whose lower bound the frontier found so far
+    already dominates; the frontier is the same, ``stats["skipped"]`` counts them).
 
     Memory is the step's peak per device (``Plan.peak_memory_bytes``): what a device holds when
     the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum
@@ -97,7 +106,8 @@ def frontier(
     """
     options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
-                            pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references)
+                            pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
+                            memory_limit=memory_limit, prune_meshes=prune_meshes)
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
     scaling = parse_scaling(devices)
@@ -127,20 +137,43 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
     ctx = PlanContext(graph, training, signature, options.epsilon, label)
 
-    problems, candidates = mesh_candidates(ctx, cluster, space, cost_for, options, deadline)
-    n_mesh_points = len(candidates)
-    if options.pipeline and recapture is not None:
-        candidates += pipeline_search(ctx, recapture, cluster, space, cost_for, options, deadline)
+    with memory_cap(options.memory_cap_bytes(), MEMORY_ADVICE):
+        problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, deadline)
     # one frontier over the step's peak: each candidate's, as its plan will state it
     pts = np.array([(c.time_s, c.peak_bytes) for c in candidates])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     plans = [candidates[int(s)].build() for s in src[0] if s >= 0]
     refs = reference_plans(ctx, problems, cluster.per_node) if options.references else {}
     stats = {"search_s": deadline.elapsed_s(), "meshes": sorted({str(p.mesh) for p in problems}),
-             "operators": len(graph.operators), "candidates": n_mesh_points,
+             "operators": len(graph.operators), "candidates": len(candidates), **job_stats,
              "search_space": space.describe(), "peak_search": dict(ctx.peak_searches),
              "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph)}
     return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats)
+
+
+def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace, cost_for,
+                options: SearchOptions, deadline: Deadline):
+    """Every mesh problem and pipeline shape as a job (``search_jobs``), bounded, then solved
+    fastest bound first; one progress bar over both phases."""
+    shapes = pipeline_shapes(ctx.graph, cluster, space) if options.pipeline and recapture is not None else []
+    n_jobs = len(mesh_cases(cluster, space, options)) + len(shapes)
+    bar = None
+    if show_progress(options.progress):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=2 * n_jobs, desc=f"{ctx.graph.name} on {ctx.devices}", unit="job", leave=False)
+    try:
+        if bar is not None:
+            bar.set_postfix_str("bounding")
+        problems, jobs = mesh_jobs(ctx, cluster, space, cost_for, options, bar)
+        memguard.check()
+        if shapes:
+            jobs += pipeline_jobs(ctx, recapture, cluster, space, cost_for, options, bar)
+        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes)
+    finally:
+        if bar is not None:
+            bar.close()
+    return problems, candidates, stats
 
 
 def unpriced_ops(graph: OpGraph) -> list[dict]:

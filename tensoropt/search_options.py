@@ -7,9 +7,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .engine import SolveTimeout
+from .engine import SolveTimeout, memguard
+from .units import parse_bytes
 
-__all__ = ["SearchOptions", "Deadline"]
+__all__ = ["SearchOptions", "Deadline", "MEMORY_FRACTION", "MEMORY_ADVICE"]
+
+# the share of the machine's available memory a search may take by default
+MEMORY_FRACTION = 0.8
+MEMORY_ADVICE = ("Search fewer meshes (max_mesh_dims), pass epsilon > 0 or coarse=True, "
+                 "or raise memory_limit if the machine has room.")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,21 @@ class SearchOptions:
     progress: bool | None = None
     #: price the reference plans (data parallel, Megatron) too
     references: bool = True
+    #: the most resident memory the search may hold ("8GB", bytes); None: ``MEMORY_FRACTION``
+    #: of what the machine had available when the search began
+    memory_limit: float | str | None = None
+    #: skip meshes and pipeline shapes whose lower bound the frontier found so far dominates
+    #: (``search_jobs``); the frontier is the same either way
+    prune_meshes: bool = True
+
+    def memory_cap_bytes(self) -> float | None:
+        """The cap :func:`engine.memguard.memory_cap` enforces (None where it cannot be read)."""
+        if self.memory_limit is not None:
+            return float(parse_bytes(self.memory_limit))
+        avail, held = memguard.available_bytes(), memguard.resident_bytes()
+        if avail is None or held is None:
+            return None
+        return held + MEMORY_FRACTION * avail
 
 
 class Deadline:

@@ -149,7 +149,8 @@ def mlp_search():
     model, inputs = _residual_mlp()
     with pytest.MonkeyPatch.context() as mp:
         seen = _record(mp)
-        f = tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False)
+        f = tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False,
+                                   prune_meshes=False)
     return f, seen
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import memguard
 from .pareto import Staircase, _positions_in_rows, prune_rows, strictly_dominated
 
 # Largest number of candidate points materialised at once before a combine is chunked.
@@ -108,6 +109,7 @@ def combine(
     for a0 in range(0, lead, step):
         if deadline is not None and _time.monotonic() > deadline:
             raise SolveTimeout("time limit reached during a combine")
+        memguard.check()
         sl = slice(a0, min(a0 + step, lead))
         parts = [_rows(a, sl, out_dims) for a in (ft, fm, gt, gm)]
         full = np.broadcast_shapes(parts[0].shape[:-1], parts[2].shape[:-1])

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import memguard
 from .factors import SolveTimeout
 from .kprune import kd_prune
 from .native import kernels
@@ -44,6 +45,7 @@ class Limits:
     def check_time(self) -> None:
         if self.deadline is not None and _time.monotonic() > self.deadline:
             raise SolveTimeout("time limit reached during a combine")
+        memguard.check()
 
     def spend(self, candidates: int) -> None:
         self.spent += candidates

@@ -1,0 +1,113 @@
+"""Lower bounds on a cost graph's frontier, cheap enough to decide whether to solve it at all.
+
+For weights ``(a_j, b_j) >= 0`` the least ``a_j·T + b_j·M`` over all assignments, ``c_j``,
+is a min-sum problem: one number per joint configuration instead of a frontier, solved for
+every weight at once by dense variable elimination (the same folding order as the frontier
+search, ``elimination.plan_elimination``). Every assignment then satisfies
+``a_j·T + b_j·M >= c_j`` for every ``j``: the frontier lies on or above the lower convex
+envelope those lines draw, and no plan that needs memory at most ``B`` is faster than
+``max_j (c_j - b_j·B) / a_j`` (:meth:`LowerBound.time_within`). Weight (1, 0) gives the least
+time, (0, 1) the least memory, exactly.
+
+:func:`dominated` decides whether a frontier already found leaves any room below such a
+bound; a search skips a problem it leaves none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .costgraph import CostGraph
+from .elimination import plan_elimination
+
+__all__ = ["LowerBound", "lower_bound", "dominated", "WEIGHTS"]
+
+# relative weights of memory against time, scaled by the graph's own time/memory ratio
+WEIGHTS = (1 / 64, 1 / 16, 1 / 4, 1.0, 4.0, 16.0, 64.0)
+# a bound is lowered, and a found point raised, by this much before they are compared: the
+# bound's sums run in another order than the exact prices, and a tie must never prune
+_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """``a_j·T + b_j·M >= c_j`` for every assignment, per row ``j`` of ``lines`` (a, b, c)."""
+    lines: np.ndarray                     # (L, 3)
+    time_min: float
+    memory_min: float
+
+    def time_within(self, budget: float) -> float:
+        """No assignment with memory <= ``budget`` takes less time than this (inf: none fits)."""
+        if budget < self.memory_min:
+            return float("inf")
+        if budget == float("inf"):
+            return self.time_min
+        a, b, c = self.lines.T
+        timed = a > 0
+        return float(max(self.time_min, np.max((c[timed] - b[timed] * budget) / a[timed], initial=0.0)))
+
+    def shifted(self, memory: float) -> "LowerBound":
+        """The bound of the same plans holding ``memory`` more bytes each."""
+        lines = self.lines.copy()
+        lines[:, 2] += lines[:, 1] * memory
+        return LowerBound(lines, self.time_min, self.memory_min + memory)
+
+
+def lower_bound(graph: CostGraph, weights: Sequence[float] = WEIGHTS) -> LowerBound:
+    t_scale = sum(float(c[:, 0].min()) for c in graph.node_costs) or 1.0
+    m_scale = sum(float(c[:, 1].min()) for c in graph.node_costs) or 1.0
+    ab = np.array([(1.0, 0.0), (0.0, 1.0)] + [(1.0, w * t_scale / m_scale) for w in weights])
+    c = _min_sums(graph, ab) * (1 - _SLACK)
+    return LowerBound(np.column_stack([ab, c]), float(c[0]), float(c[1]))
+
+
+def dominated(time_within: Callable[[float], float], memory_min: float, found: np.ndarray) -> bool:
+    """Whether every plan of a bound (``time_within(B)``: least time within memory ``B``;
+    ``memory_min``: least memory) is dominated by, or ties, a point of ``found`` ((n, 2) time
+    and memory, any order). Only strictly: a plan that could tie a found point is not."""
+    if not len(found):
+        return False
+    f = found[np.lexsort((found[:, 1], found[:, 0]))]
+    keep = np.r_[True, f[1:, 1] < np.minimum.accumulate(f[:, 1])[:-1]]
+    f = f[keep] * (1 + _SLACK)                  # the staircase: time ascending, memory descending
+    if time_within(float("inf")) <= f[0, 0] or memory_min <= f[-1, 1]:
+        return False
+    # room below the staircase lies left of each step: time < next point's, memory < this one's
+    return all(time_within(m) > t_next for m, t_next in zip(f[:-1, 1], f[1:, 0]))
+
+
+def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:
+    """Per weight row (a, b): the least a·T + b·M over all assignments."""
+    scopes: list[tuple[int, ...]] = []
+    tables: list[np.ndarray] = []
+    for v, costs in enumerate(graph.node_costs):
+        scopes.append((v,))
+        tables.append(costs @ ab.T)                       # (K_v, L)
+    for (u, v), costs in graph.edge_costs.items():
+        scopes.append((u, v))
+        tables.append(costs @ ab.T)                       # (K_u, K_v, L)
+    sizes = {v: k for v, k in enumerate(graph.n_configs)}
+    plan = plan_elimination(scopes, sizes)
+    factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {i: (s, t) for i, (s, t) in
+                                                             enumerate(zip(scopes, tables))}
+    for step in plan.steps:
+        parts = [factors.pop(i) for i in step.factors]
+        scope = tuple(sorted({u for s, _ in parts for u in s}))
+        total = sum(_align(t, s, scope, sizes) for s, t in parts)
+        axis = scope.index(step.node)
+        factors[step.result] = (scope[:axis] + scope[axis + 1:], total.min(axis=axis))
+    out = np.zeros(len(ab))
+    for i in plan.leftover:
+        out += factors[i][1].reshape(-1, len(ab)).min(axis=0) if factors[i][0] else factors[i][1]
+    return out
+
+
+def _align(table: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...], sizes) -> np.ndarray:
+    """``table`` over ``scope`` (sorted or not) as an array broadcastable over ``target``."""
+    order = sorted(range(len(scope)), key=lambda k: target.index(scope[k]))
+    t = np.transpose(table, order + [len(scope)])
+    shape = [sizes[u] if u in scope else 1 for u in target] + [table.shape[-1]]
+    return t.reshape(shape)

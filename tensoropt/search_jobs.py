@@ -1,0 +1,67 @@
+"""A frontier search as a list of jobs, each bounded before it is solved.
+
+A job is one mesh and ZeRO stage, or one pipeline shape (stages, micro-batches, stage mesh).
+Before any is solved each gets a lower bound on the plans it can give (``engine.bounds``:
+least time, least memory and the convex envelope between them, in the cost graph's
+end-of-forward memory, which no plan's peak is below). Jobs are then solved fastest bound
+first, and a job whose bound lies wholly on or above the frontier found so far is skipped:
+none of its plans could reach the frontier, so the frontier is the one solving every job
+would give, found with less work. Candidates come back in the jobs' own order, so ties on
+the merged frontier go the same way whichever jobs ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from .engine.bounds import dominated
+from .plan_builder import Candidate
+from .search_options import Deadline
+
+__all__ = ["Bound", "Job", "run_jobs"]
+
+
+class Bound(Protocol):
+    time_min: float
+    memory_min: float
+
+    def time_within(self, budget: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class Job:
+    label: str                                              # e.g. "mesh 2x4, ZeRO stage 2"
+    bound: Bound
+    solve: Callable[[float | None], list[Candidate]]        # (time limit) -> its frontier points
+
+
+def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) -> tuple[list[Candidate], dict]:
+    """Every job's candidates, in job order, skipping those the frontier found so far
+    dominates (``prune``); ``bar`` advances once per job. Stats: jobs, skipped."""
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].bound.time_min, jobs[i].bound.memory_min, i))
+    found = np.zeros((0, 2))
+    results: list[list[Candidate]] = [[] for _ in jobs]
+    skipped = 0
+    for i in order:
+        job = jobs[i]
+        if bar is not None:
+            bar.set_postfix_str(job.label)
+        if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
+            skipped += 1
+        else:
+            with deadline.solving(job.label):
+                results[i] = job.solve(deadline.remaining_s())
+            if results[i]:
+                found = _staircase(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
+        if bar is not None:
+            bar.update(1)
+    return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped}
+
+
+def _staircase(points: np.ndarray) -> np.ndarray:
+    p = points[np.lexsort((points[:, 1], points[:, 0]))]
+    keep = np.r_[True, p[1:, 1] < np.minimum.accumulate(p[:, 1])[:-1]]
+    return p[keep]

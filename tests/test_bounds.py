@@ -1,0 +1,153 @@
+"""Lower bounds on a cost graph's frontier (``engine.bounds``), the skipping of dominated
+jobs they allow (``search_jobs``), and the search's memory cap (``engine.memguard``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensoropt.engine.bounds import LowerBound, dominated, lower_bound
+from tensoropt.engine.reference import brute_force_frontier
+from tensoropt.engine.synthetic import random_dag, residual_graph, transformer_graph
+
+
+def _graphs():
+    for seed in range(12):
+        yield random_dag(7, edge_prob=0.4, seed=seed)
+        yield residual_graph(n_blocks=2, k_range=(2, 5), seed=seed)
+    yield transformer_graph(1, k_range=(2, 3), seed=1)
+
+
+def test_bounds_are_exact_at_the_ends_and_below_every_frontier_point():
+    for graph in _graphs():
+        pts, _ = brute_force_frontier(graph)
+        lb = lower_bound(graph)
+        assert lb.time_min == pytest.approx(pts[:, 0].min(), rel=1e-8)
+        assert lb.memory_min == pytest.approx(pts[:, 1].min(), rel=1e-8)
+        assert lb.time_min <= pts[:, 0].min() and lb.memory_min <= pts[:, 1].min()
+        for t, m in pts:
+            assert lb.time_within(m) <= t
+        assert lb.time_within(pts[:, 1].min() * (1 - 1e-6)) == float("inf")
+        # the envelope touches the frontier where a weight's optimum lies
+        a, b, c = lb.lines.T
+        for j in range(len(c)):
+            assert (a[j] * pts[:, 0] + b[j] * pts[:, 1]).min() == pytest.approx(c[j], rel=1e-8)
+
+
+def test_a_graph_never_dominates_its_own_frontier():
+    for graph in _graphs():
+        pts, _ = brute_force_frontier(graph)
+        lb = lower_bound(graph)
+        assert not dominated(lb.time_within, lb.memory_min, pts)
+        # any one frontier point missing leaves room the bound must see
+        for k in range(len(pts)):
+            assert not dominated(lb.time_within, lb.memory_min, np.delete(pts, k, axis=0))
+
+
+def test_dominated_against_a_staircase():
+    # a job whose plans all need 2 s and 10 bytes, or 4 s and 5 bytes: time_within steps
+    lb = LowerBound(np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 5.0], [1.0, 0.4, 6.0]]), 2.0, 5.0)
+    assert lb.time_within(4.9) == float("inf")
+    assert lb.time_within(10.0) == 2.0 and lb.time_within(5.0) == 4.0
+    assert dominated(lb.time_within, lb.memory_min, np.array([[1.0, 4.0]]))             # faster and smaller
+    assert not dominated(lb.time_within, lb.memory_min, np.array([[2.0, 5.0]]))         # a tie is not
+    assert not dominated(lb.time_within, lb.memory_min, np.array([[3.0, 4.0]]))         # it may be faster
+    assert not dominated(lb.time_within, lb.memory_min, np.array([[1.0, 6.0]]))         # it may be smaller
+    # two points together cover what neither covers alone
+    both = np.array([[1.0, 9.0], [2.2, 4.0]])
+    assert not dominated(lb.time_within, lb.memory_min, both[:1])
+    assert not dominated(lb.time_within, lb.memory_min, both[1:])
+    assert dominated(lb.time_within, lb.memory_min, both)
+    assert not dominated(lb.time_within, lb.memory_min, np.zeros((0, 2)))
+    shifted = lb.shifted(3.0)
+    assert shifted.memory_min == 8.0 and shifted.time_within(8.0) == 4.0
+
+
+# --- the search: skipping changes nothing but the work ---------------------------------------
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(
+        (p.time_s, p.peak_memory_bytes, p.summary, p.mesh) == (q.time_s, q.peak_memory_bytes, q.summary, q.mesh)
+        for p, q in zip(a.plans, b.plans))
+
+
+@pytest.fixture(scope="module")
+def pruned_and_full():
+    import tensoropt
+
+    # GPT-2 on 8 devices: some pipeline shapes are bounded out by plans found before them
+    kw = dict(max_mesh_dims=1, progress=False, references=False)
+    return (tensoropt.frontier("gpt2", "8xA100-80GB", **kw),
+            tensoropt.frontier("gpt2", "8xA100-80GB", prune_meshes=False, **kw))
+
+
+def test_skipping_dominated_jobs_keeps_the_frontier(pruned_and_full):
+    pruned, full = pruned_and_full
+    assert pruned.stats["skipped"] > 0 and full.stats["skipped"] == 0
+    assert pruned.stats["jobs"] == full.stats["jobs"]
+    assert _same(pruned, full)
+
+
+def test_jobs_run_fastest_bound_first_and_return_in_their_own_order():
+    from tensoropt.plan_builder import Candidate
+    from tensoropt.search_jobs import Job, run_jobs
+    from tensoropt.search_options import Deadline
+
+    ran = []
+
+    def job(name, t, m, points):
+        bound = LowerBound(np.array([[1.0, 0.0, t], [0.0, 1.0, m]]), t, m)
+
+        def solve(limit):
+            ran.append(name)
+            return [Candidate(pt, pm, pm, lambda: None) for pt, pm in points]
+        return Job(name, bound, solve)
+
+    jobs = [job("slow", 3.0, 1.0, [(3.0, 1.0)]),
+            job("hopeless", 2.0, 6.0, [(2.5, 7.0)]),     # bounded out by "fast"
+            job("fast", 1.0, 5.0, [(1.0, 5.0), (2.0, 2.0)])]
+    out, stats = run_jobs(jobs, Deadline(None, "test"))
+    assert ran == ["fast", "slow"] and stats == {"jobs": 3, "skipped": 1}
+    assert [(c.time_s, c.peak_bytes) for c in out] == [(3.0, 1.0), (1.0, 5.0), (2.0, 2.0)]
+    ran.clear()
+    out, stats = run_jobs(jobs, Deadline(None, "test"), prune=False)
+    assert ran == ["fast", "hopeless", "slow"] and stats["skipped"] == 0 and len(out) == 4
+
+
+def test_no_plan_is_below_its_problems_bound():
+    """Every plan's peak is at least its cost graph's memory, so the bounds hold on the peak."""
+    import tensoropt
+    from tensoropt.capture.recapture import capture_model
+    from tensoropt.mesh import parse_devices
+    from tensoropt.peakmodel import peak_model
+    from tensoropt.planner import build_problem
+    from tensoropt.pricing import cost_models
+    from tensoropt.space import SearchSpace
+    from tensoropt.training import TrainingConfig
+
+    graph, _, _ = capture_model("gpt-tiny", None, 4)
+    cluster = parse_devices("4xA100-80GB")
+    cost_for = cost_models(cluster, TrainingConfig("bf16-mixed", "adam"))
+    rng = np.random.default_rng(0)
+    for mesh in SearchSpace.for_cluster(cluster, 2).meshes(cluster):
+        for z in (0, 3):
+            problem = build_problem(graph, mesh, cost_for(mesh), zero_stage=z)
+            cg = problem.cost_graph
+            a = np.column_stack([rng.integers(k, size=300) for k in cg.n_configs])
+            priced = peak_model(problem, graph).evaluate(a)
+            eof = np.array([cg.cost(x) for x in a])
+            assert np.allclose(priced[:, 0], eof[:, 0], rtol=1e-9)
+            assert (priced[:, 2] >= eof[:, 1] * (1 - 1e-12)).all()
+            lb = lower_bound(cg)
+            assert all(lb.time_within(m) <= t for t, m in priced[:, [0, 2]])
+    assert tensoropt  # imported for its side effects on the zoo
+
+
+def test_a_search_past_its_memory_cap_says_what_to_change():
+    import tensoropt
+    from tensoropt.engine.memguard import SearchMemoryExceeded, resident_bytes
+
+    if resident_bytes() is None:
+        pytest.skip("resident memory cannot be read on this system")
+    with pytest.raises(SearchMemoryExceeded, match="memory cap.*max_mesh_dims"):
+        tensoropt.frontier("gpt-tiny", "4xA100-80GB", progress=False, memory_limit="1MB")
