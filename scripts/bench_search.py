@@ -33,6 +33,39 @@ CASES = [
 ]
 QUICK = [("gpt-tiny", "4xA100-80GB", dict(max_mesh_dims=2))]
 
+# Cluster-scale targets (search time, peak RSS under 4 GiB): each row runs in its own process
+# with memory_limit="4GiB", so a search that would pass it stops and says so in the row.
+TARGETS = [
+    ("llama3-8b", "8x8xH100", dict(max_mesh_dims=3), 30),
+    ("llama3-8b", "8x8xH100", dict(max_mesh_dims=2), 30),
+    ("resnet50", "8x8xA100-80GB", dict(max_mesh_dims=3), 30),
+    ("gpt3-175b", "128x8xA100-80GB", dict(max_mesh_dims=2, coarse=False), 60),
+]
+TARGET_MEMORY = "4GiB"
+
+
+def run_target(model: str, devices: str, settings: dict, time_limit_s: float) -> dict:
+    """One target row in a fresh process: its peak RSS is the search's own."""
+    import subprocess
+
+    code = ("import json, resource, sys, time, tensoropt\n"
+            "t0 = time.monotonic()\n"
+            "try:\n"
+            f"    f = tensoropt.frontier({model!r}, {devices!r}, progress=False, time_limit_s={time_limit_s},"
+            f" memory_limit={TARGET_MEMORY!r}, **{settings!r})\n"
+            "    r = {'plans': len(f), 'jobs': f.stats['jobs'], 'skipped': f.stats['skipped'],"
+            " 'peak_search': f.stats['peak_search'], 'min_time': [f.min_time().time_s, f.min_time().summary],"
+            " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary]}\n"
+            "except Exception as err:\n"
+            "    r = {'error': f'{type(err).__name__}: {err}'}\n"
+            "r['search_s'] = time.monotonic() - t0\n"
+            "r['peak_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "print('RESULT', json.dumps(r))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    r = json.loads(line[-1][7:]) if line else {"error": done.stderr[-2000:]}
+    return {"model": model, "devices": devices, "settings": settings, "memory_limit": TARGET_MEMORY, **r}
+
 
 def degrees(plan) -> dict:
     """Pipeline, data and tensor degrees from the plan's mesh and per-axis roles."""
@@ -89,12 +122,26 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated model names")
     ap.add_argument("--time-limit", type=float, default=1800.0, help="per search, seconds")
     ap.add_argument("--no-baseline", action="store_true", help="skip the operator-sharding-only search")
+    ap.add_argument("--targets", action="store_true", help="the cluster-scale target rows (key 'targets')")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.targets:
+        doc = json.loads(out.read_text()) if out.exists() else {"results": []}
+        rows = []
+        for model, devices, settings, target_s in TARGETS:
+            if args.only and model not in args.only.split(","):
+                continue
+            print(f"{model} on {devices} {settings} ...", flush=True)
+            r = {**run_target(model, devices, settings, args.time_limit), "target_s": target_s}
+            print(json.dumps(r), flush=True)
+            rows.append(r)
+            done = {_key(x) for x in rows}
+            _write(out, doc["results"], [*rows, *[t for t in doc.get("targets", []) if _key(t) not in done]])
+        return 0
     cases = QUICK if args.quick else CASES
     if args.only:
         keep = set(args.only.split(","))
         cases = [c for c in cases if c[0] in keep]
-    out = Path(args.out)
     results = json.loads(out.read_text())["results"] if out.exists() and args.only else []
     results = [r for r in results if not any(r["model"] == c[0] for c in cases)]
     for model, devices, settings in cases:
@@ -105,11 +152,15 @@ def main(argv=None) -> int:
             r = {"model": model, "devices": devices, "settings": settings, "error": f"{type(err).__name__}: {err}"}
         print(json.dumps(r, indent=1)[:2000], flush=True)
         results.append(r)
-        _write(out, results)
+        _write(out, results, json.loads(out.read_text()).get("targets", []) if out.exists() else [])
     return 0
 
 
-def _write(out: Path, results: list) -> None:
+def _key(row: dict) -> tuple:
+    return row["model"], row["devices"], json.dumps(row["settings"], sort_keys=True)
+
+
+def _write(out: Path, results: list, targets: list) -> None:
     import numpy
     import torch
 
@@ -120,6 +171,7 @@ def _write(out: Path, results: list) -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python scripts/bench_search.py",
         "results": results,
+        "targets": targets,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

@@ -26,6 +26,8 @@ def _frontier_parser(sub) -> None:
     p.add_argument("--profile", default=None, help="measured profile JSON (tensoropt profile)")
     p.add_argument("--calibration", default=None, help="whole-step calibration JSON (scripts/validate.py)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds before the search gives up")
+    p.add_argument("--memory-limit", default=None, help="resident memory the search may hold, e.g. 8GB "
+                                                        "(default: 80%% of what is available)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--plot", default=None, help="write the frontier plot to this PNG")
     p.add_argument("--out", default=None, help="write the chosen plan (--budget, else the fastest) as JSON")
@@ -51,7 +53,7 @@ def _run_frontier(args) -> int:
                  optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
                  epsilon=args.epsilon,
                  max_mesh_dims=args.max_mesh_dims, time_limit_s=args.time_limit,
-                 progress=False if args.no_progress else None)
+                 memory_limit=args.memory_limit, progress=False if args.no_progress else None)
     df = f.to_pandas()
     if args.format == "csv":
         print(df.to_csv(index=False), end="")
@@ -70,6 +72,9 @@ def _run_frontier(args) -> int:
             print(f.references_to_pandas()[["label"] + cols].rename(columns=names)
                   .to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
+        if f.stats.get("jobs"):
+            print(f"jobs: {f.stats['jobs']} (meshes x ZeRO stages, pipeline shapes), {f.stats['skipped']} skipped: "
+                  "their lower bounds were dominated by plans already found")
         searched = f.stats.get("peak_search") or {}
         if searched:
             print("peak searches: " + ", ".join(f"{n} {k}" for k, n in sorted(searched.items()))
@@ -118,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:               # bad device string, infeasible budget, capture errors
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (MemoryError, TimeoutError) as err:   # the search's own memory cap or time limit
+        print(f"error: {err}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

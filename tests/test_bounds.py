@@ -151,3 +151,14 @@ def test_a_search_past_its_memory_cap_says_what_to_change():
         pytest.skip("resident memory cannot be read on this system")
     with pytest.raises(SearchMemoryExceeded, match="memory cap.*max_mesh_dims"):
         tensoropt.frontier("gpt-tiny", "4xA100-80GB", progress=False, memory_limit="1MB")
+
+
+def test_the_command_line_reports_the_memory_cap(capsys):
+    from tensoropt.cli import main
+    from tensoropt.engine.memguard import resident_bytes
+
+    if resident_bytes() is None:
+        pytest.skip("resident memory cannot be read on this system")
+    assert main(["frontier", "--model", "gpt-tiny", "--devices", "2xA100-80GB", "--no-progress",
+                 "--memory-limit", "1MB"]) == 3
+    assert "past its memory cap" in capsys.readouterr().err
