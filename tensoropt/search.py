@@ -4,9 +4,10 @@ The search, step by step, each in the module that holds it:
 
 1. capture the model on meta tensors, at its batch and at any other (``capture.recapture``);
 2. a cost model per mesh, from the device's figures or a measured profile (``pricing``);
-3. every mesh and ZeRO stage: cost graph (``planner``), exact frontier (``engine``), each
-   point priced on the step's peak (``mesh_search``);
-4. pipeline stages over the repeated blocks, as further candidates (``pipeline``);
+3. every mesh and ZeRO stage: cost graph (``planner``), a job (``mesh_search``);
+4. pipeline stages over the repeated blocks, a job per shape (``pipeline``); every job
+   bounded, then solved on the step's peak fastest bound first, those the frontier found so
+   far dominates skipped (``search_jobs``, ``engine.bounds``, ``peak_search``);
 5. one frontier over all candidates on (time, peak), their plans built (``plan_builder``),
    the reference plans (``references``) -> :class:`~tensoropt.frontiers.Frontier`;
 6. optionally re-priced with a whole-step calibration (``calibration``).
