@@ -14,6 +14,7 @@ from functools import partial
 from typing import Callable
 
 from .costmodel import CostModel
+from .engine import memguard
 from .engine.bounds import lower_bound
 from .mesh import Cluster, Mesh
 from .peak_search import solve_problem
@@ -44,6 +45,7 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
     for mesh, z in mesh_cases(cluster, space, options):
         problem = build_problem(ctx.graph, mesh, cost_for(mesh), zero_stage=z, recompute=options.recompute,
                                 batch_only_axes=space.batch_only_axes(mesh, cluster))
+        memguard.check()
         problems.append(problem)
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
                         partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at)))

@@ -28,6 +28,7 @@ import numpy as np
 
 from .collectives import send_recv_s
 from .costmodel import CostModel
+from .engine import memguard
 from .engine.bounds import LowerBound, lower_bound
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
@@ -201,6 +202,7 @@ def pipeline_jobs(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster
     jobs: list[Job] = []
     for p, m, mesh in pipeline_shapes(graph, cluster, space):
         mb_ctx = replace(ctx, graph=recapture(graph.batch_size // m))
+        memguard.check()
         jobs.append(_stage_job(mb_ctx, cluster, p, m, mesh, cost_for(mesh), space, options.recompute))
         if bar is not None:
             bar.update(1)

@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .engine import memguard
 from .engine.bounds import dominated
 from .plan_builder import Candidate
 from .search_options import Deadline
@@ -49,6 +50,7 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) 
         job = jobs[i]
         if bar is not None:
             bar.set_postfix_str(job.label)
+        memguard.check()
         if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
             skipped += 1
         else:
