@@ -214,8 +214,6 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
                         time_limit_s: float | None = None) -> list[Candidate]:
     """The frontier points of one (stage count, micro-batch count) choice over every stage
     mesh; ``ctx.graph`` is the model captured at the micro-batch size."""
-    mb_graph = ctx.graph
-    check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
     out = []
     for mesh in space.meshes(stage_cluster(cluster, stages)[0]):
         out += _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute).solve(time_limit_s)

@@ -19,6 +19,7 @@ import numpy as np
 
 from .engine import memguard
 from .engine.bounds import dominated
+from .engine.pareto import pareto
 from .plan_builder import Candidate
 from .search_options import Deadline
 
@@ -57,13 +58,8 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) 
             with deadline.solving(job.label):
                 results[i] = job.solve(deadline.remaining_s())
             if results[i]:
-                found = _staircase(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
+                found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
         if bar is not None:
             bar.update(1)
     return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped}
 
-
-def _staircase(points: np.ndarray) -> np.ndarray:
-    p = points[np.lexsort((points[:, 1], points[:, 0]))]
-    keep = np.r_[True, p[1:, 1] < np.minimum.accumulate(p[:, 1])[:-1]]
-    return p[keep]

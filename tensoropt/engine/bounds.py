@@ -22,6 +22,7 @@ import numpy as np
 
 from .costgraph import CostGraph
 from .elimination import plan_elimination
+from .pareto import pareto
 
 __all__ = ["LowerBound", "lower_bound", "dominated", "WEIGHTS"]
 
@@ -70,9 +71,7 @@ def dominated(time_within: Callable[[float], float], memory_min: float, found: n
     and memory, any order). Only strictly: a plan that could tie a found point is not."""
     if not len(found):
         return False
-    f = found[np.lexsort((found[:, 1], found[:, 0]))]
-    keep = np.r_[True, f[1:, 1] < np.minimum.accumulate(f[:, 1])[:-1]]
-    f = f[keep] * (1 + _SLACK)                  # the staircase: time ascending, memory descending
+    f = pareto(found) * (1 + _SLACK)            # the staircase: time ascending, memory descending
     if time_within(float("inf")) <= f[0, 0] or memory_min <= f[-1, 1]:
         return False
     # room below the staircase lies left of each step: time < next point's, memory < this one's
