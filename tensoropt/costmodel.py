@@ -73,6 +73,8 @@ class CostModel:
     compute: ComputeModel | None = None          # None: datasheet defaults for the device
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    # layout moves already priced (edge_tables): every mesh and ZeRO stage asks for the same
+    _moves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.compute is None:
@@ -214,9 +216,12 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
     for h, i in h_keys.items():
         for (w, gp), j in w_keys.items():
             same = tuple(aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
-            times[i, j] = cm.redistribute_s(nbytes, h, w, same, gp, mesh)
-            held[i, j] = _relayout_transient_bytes(nbytes, h, w, same, mesh)
-            ahead[i, j] = _relayout_forward_bytes(nbytes, h, w, same, mesh)
+            key = (nbytes, h, w, same, gp, mesh)
+            if key not in cm._moves:
+                cm._moves[key] = (cm.redistribute_s(nbytes, h, w, same, gp, mesh),
+                                  _relayout_transient_bytes(nbytes, h, w, same, mesh),
+                                  _relayout_forward_bytes(nbytes, h, w, same, mesh))
+            times[i, j], held[i, j], ahead[i, j] = cm._moves[key]
     pick = np.ix_([h_keys[h] for h in have], [w_keys[k] for k in zip(want, partial)])
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
     table[..., 0] = times[pick]

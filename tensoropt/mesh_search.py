@@ -13,6 +13,8 @@ import sys
 from functools import partial
 from typing import Callable
 
+import numpy as np
+
 from .costmodel import CostModel
 from .engine import memguard
 from .engine.bounds import lower_bound
@@ -55,12 +57,12 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
 
 
 def _solve(ctx: PlanContext, problem: MeshProblem, epsilon: float, block_groups, start_at: dict[str, str],
-           time_limit_s: float | None) -> list[Candidate]:
+           time_limit_s: float | None, ceiling: np.ndarray | None = None) -> list[Candidate]:
     key = str(problem.mesh)
     found = solve_problem(problem, ctx.graph, epsilon=epsilon, time_limit_s=time_limit_s,
-                          block_groups=block_groups, start_at=start_at.get(key, "exact"))
+                          block_groups=block_groups, start_at=start_at.get(key, "exact"), ceiling=ceiling)
     start_at[key] = found.stats["peak_search"]
     ctx.peak_searches[found.stats["peak_search"]] += 1
     return [Candidate(float(t), float(m), float(peak), partial(plan_from_assignment, ctx, problem, a,
-                                                                peak_model=found.model))
+                                                                held_peak=(float(m), float(peak))))
             for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments)]

@@ -51,7 +51,7 @@ class PeakSolution:
 def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: float = 0.0,
                   time_limit_s: float | None = None, exact_rows: int = EXACT_SEARCH_ROWS,
                   max_candidates: float = PEAK_SEARCH_CANDIDATES, block_groups: int | None = None,
-                  start_at: str = "exact") -> PeakSolution:
+                  start_at: str = "exact", ceiling: np.ndarray | None = None) -> PeakSolution:
     """The frontier of (time, peak) of ``problem`` (``graph``: the operator graph it was built
     from; ``microbatches``: the input batch a pipeline stage is handed; ``epsilon``: see
     ``engine.peaksolve.solve_peak``).
@@ -61,7 +61,11 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     ``exact_rows``), the block graph, and last the engine's search in (time, end-of-forward
     memory) (``block_groups`` as in ``engine.solve``), whose plans are then priced on their
     peak: not the peak frontier, and ``stats["peak_search"]`` says so. ``start_at`` skips the
-    searches before it (a like problem found them too large)."""
+    searches before it (a like problem found them too large). ``ceiling``: (time, memory)
+    points that no plan's (time, end-of-forward memory) must be strictly dominated by to be
+    wanted; the search on end-of-forward memory leaves out what they dominate (a plan's peak
+    is never below its end-of-forward memory, so none of those plans could beat them on the
+    peak either)."""
     pm = peak_model(problem, graph, microbatches, exact_rows)
     start = time.monotonic()
     deadline = None if time_limit_s is None else start + time_limit_s
@@ -88,7 +92,7 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     if found is None:
         stats["peak_search"] = "forward-end"
         fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=_left(deadline), progress=False,
-                    block_groups=block_groups)
+                    block_groups=block_groups, ceiling=ceiling)
         parts.append(fwd.assignments)
     elif pm.replicate is not None:
         rep = solve_peak(pm.replicate, epsilon=epsilon, time_limit_s=_left(deadline))

@@ -216,7 +216,8 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
     mesh; ``ctx.graph`` is the model captured at the micro-batch size."""
     out = []
     for mesh in space.meshes(stage_cluster(cluster, stages)[0]):
-        out += _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute).solve(time_limit_s)
+        out += _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute).solve(time_limit_s,
+                                                                                                          None)
     return out
 
 
@@ -269,13 +270,16 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
 
 
 def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built, p2p: float, buffers,
-                  stages: int, microbatches: int, block_groups, time_limit_s: float | None) -> list[Candidate]:
+                  stages: int, microbatches: int, block_groups, time_limit_s: float | None,
+                  ceiling: np.ndarray | None = None) -> list[Candidate]:
     scale = microbatches + stages - 1
     fronts, solved = [], []
     start_at = "exact"           # a stage no larger than the one before needs no more
-    for g, problem in built:
+    for (g, problem), held in zip(built, buffers):
+        # a stage point (t, m) gives plans of time >= scale * (t + p2p) and peak >= m + held
+        stage_ceiling = None if ceiling is None else ceiling / [scale, 1.0] - [p2p, held]
         res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
-                            block_groups=block_groups, start_at=start_at)
+                            block_groups=block_groups, start_at=start_at, ceiling=stage_ceiling)
         ctx.peak_searches[res.stats["peak_search"]] += 1
         start_at = res.stats["peak_search"]
         fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
@@ -298,7 +302,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     stage_plans = []
     for spec, (g, problem, res), k, held in zip(specs, solved, pick, buffers):
         sp = plan_from_assignment(replace(ctx, graph=g), problem, res.assignments[k], label=f"stage {spec.index}",
-                                  microbatches=microbatches, peak_model=res.model)
+                                  microbatches=microbatches, held_peak=(res.memories[k], res.peaks[k]))
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
     slowest = max(sp.time_s for sp in stage_plans)

@@ -49,10 +49,13 @@ class Candidate:
 
 
 def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Sequence[int], label: str = "",
-                         microbatches: int = 1, peak_model: PeakModel | None = None) -> Plan:
+                         microbatches: int = 1, peak_model: PeakModel | None = None,
+                         held_peak: tuple[float, float] | None = None) -> Plan:
     """Price one assignment (configuration index per operator, then per recompute unit; units
     default to keeping their activations) into a :class:`Plan`; its peak from ``peak_model``
-    (``peakmodel.peak_model(problem, ctx.graph, microbatches)`` when not given)."""
+    (``peakmodel.peak_model(problem, ctx.graph, microbatches)`` when not given), or
+    ``held_peak``: the (end-of-forward memory, peak) that model gave this assignment already,
+    priced with others in one batch."""
     graph, mesh = ctx.graph, problem.mesh
     n_ops = len(graph.operators)
     a = [int(x) for x in assignment]
@@ -95,8 +98,10 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
-    pm = peak_model if peak_model is not None else build_peak_model(problem, graph, microbatches)
-    _, held, peak = pm.evaluate(np.array([a]))[0]
+    if held_peak is None:
+        pm = peak_model if peak_model is not None else build_peak_model(problem, graph, microbatches)
+        held_peak = pm.evaluate(np.array([a]))[0, 1:]
+    held, peak = held_peak
     totals["input_bytes"] = float(held - m)                    # the step's input batch beside the state
     totals["transient_bytes"] = float(peak - held)             # the backward pass's rise above both
     summary = summarize(graph, problem, a)

@@ -6,7 +6,8 @@ least time, least memory and the convex envelope between them, in the cost graph
 end-of-forward memory, which no plan's peak is below). Jobs are then solved fastest bound
 first, and a job whose bound lies wholly on or above the frontier found so far is skipped:
 none of its plans could reach the frontier, so the frontier is the one solving every job
-would give, found with less work. Candidates come back in the jobs' own order, so ties on
+would give, found with less work. A job that is solved is handed that frontier too, to
+drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candidates come back in the jobs' own order, so ties on
 the merged frontier go the same way whichever jobs ran.
 """
 
@@ -37,7 +38,9 @@ class Bound(Protocol):
 class Job:
     label: str                                              # e.g. "mesh 2x4, ZeRO stage 2"
     bound: Bound
-    solve: Callable[[float | None], list[Candidate]]        # (time limit) -> its frontier points
+    # (time limit, the frontier found so far as (time, peak) points or None) -> its frontier
+    # points; it may leave out those the frontier found so far strictly dominates
+    solve: Callable[[float | None, np.ndarray | None], list[Candidate]]
 
 
 def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) -> tuple[list[Candidate], dict]:
@@ -56,7 +59,7 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) 
             skipped += 1
         else:
             with deadline.solving(job.label):
-                results[i] = job.solve(deadline.remaining_s())
+                results[i] = job.solve(deadline.remaining_s(), found if prune else None)
             if results[i]:
                 found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
         if bar is not None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tensoropt.engine.bounds import LowerBound, dominated, lower_bound
+from tensoropt.engine.pareto import pareto
 from tensoropt.engine.reference import brute_force_frontier
 from tensoropt.engine.synthetic import random_dag, residual_graph, transformer_graph
 
@@ -63,6 +64,59 @@ def test_dominated_against_a_staircase():
     assert shifted.memory_min == 8.0 and shifted.time_within(8.0) == 4.0
 
 
+# --- a ceiling inside a solve: the frontier less what the ceiling dominates ---------------------
+
+def _ceiling_from(points: np.ndarray, rng) -> np.ndarray:
+    """Some frontier points moved a little either way, and some exactly (ties must stay)."""
+    moved = points[rng.random(len(points)) < 0.4]
+    return np.vstack([moved * rng.uniform(0.97, 1.03, moved.shape), points[rng.random(len(points)) < 0.1]])
+
+
+def test_a_ceiling_leaves_out_exactly_the_points_it_dominates():
+    from tensoropt.engine import solve
+    from tensoropt.engine.bounds import Ceiling
+
+    cut = 0
+    for seed in range(8):
+        graph = transformer_graph(2 + seed % 4, k_range=(3, 6), seed=seed)
+        full = solve(graph)
+        ceiling = _ceiling_from(full.points, np.random.default_rng(seed))
+        keep = ~Ceiling(ceiling).beats(full.points[:, 0], full.points[:, 1])
+        res = solve(graph, ceiling=ceiling)
+        assert np.array_equal(res.points, full.points[keep])
+        cut += res.stats["chain_points_cut"]
+        # the exact points it keeps are each still the cost of the assignment returned with it
+        assert 0 < len(res) < len(full)
+    assert cut > 0          # partial plans went inside the chain, not only at the end
+
+
+def test_a_forward_end_search_with_a_ceiling_keeps_every_plan_it_does_not_beat():
+    from tensoropt.capture.recapture import capture_model
+    from tensoropt.engine.bounds import Ceiling
+    from tensoropt.mesh import parse_devices
+    from tensoropt.peak_search import solve_problem
+    from tensoropt.planner import build_problem
+    from tensoropt.pricing import cost_models
+    from tensoropt.space import SearchSpace
+    from tensoropt.training import TrainingConfig
+
+    graph, _, _ = capture_model("gpt-tiny", None, 8)
+    cluster = parse_devices("8xA100-80GB")
+    mesh = [m for m in SearchSpace.for_cluster(cluster, 2).meshes(cluster) if len(m.shape) == 2][0]
+    problem = build_problem(graph, mesh, cost_models(cluster, TrainingConfig("bf16-mixed", "adam"))(mesh))
+    full = solve_problem(problem, graph, start_at="forward-end")
+    ceiling = _ceiling_from(np.column_stack([full.times, full.peaks]), np.random.default_rng(1))
+    res = solve_problem(problem, graph, start_at="forward-end", ceiling=ceiling)
+    beaten = Ceiling(ceiling)
+    full_pts = {(t, p) for t, p in zip(full.times, full.peaks)}
+    kept = {(t, p) for t, p in zip(res.times, res.peaks)}
+    assert {(t, p) for t, p in full_pts if not beaten.beats(t, p)} <= kept and len(kept) < len(full)
+    # a plan that only a plan now left out had dominated comes back; the ceiling beats it
+    assert all(beaten.beats(t, p) for t, p in kept - full_pts)
+    merged = [pareto(np.vstack([ceiling, np.array(sorted(s))])) for s in (kept, full_pts)]
+    assert np.array_equal(*merged)
+
+
 # --- the search: skipping changes nothing but the work ---------------------------------------
 
 def _same(a, b) -> bool:
@@ -98,7 +152,7 @@ def test_jobs_run_fastest_bound_first_and_return_in_their_own_order():
     def job(name, t, m, points):
         bound = LowerBound(np.array([[1.0, 0.0, t], [0.0, 1.0, m]]), t, m)
 
-        def solve(limit):
+        def solve(limit, ceiling):
             ran.append(name)
             return [Candidate(pt, pm, pm, lambda: None) for pt, pm in points]
         return Job(name, bound, solve)

@@ -24,7 +24,7 @@ from .costgraph import CostGraph
 from .elimination import plan_elimination
 from .pareto import pareto
 
-__all__ = ["LowerBound", "lower_bound", "dominated", "WEIGHTS"]
+__all__ = ["Ceiling", "LowerBound", "lower_bound", "dominated", "WEIGHTS"]
 
 # relative weights of memory against time, scaled by the graph's own time/memory ratio
 WEIGHTS = (1 / 64, 1 / 16, 1 / 4, 1.0, 4.0, 16.0, 64.0)
@@ -76,6 +76,25 @@ def dominated(time_within: Callable[[float], float], memory_min: float, found: n
         return False
     # room below the staircase lies left of each step: time < next point's, memory < this one's
     return all(time_within(m) > t_next for m, t_next in zip(f[:-1, 1], f[1:, 0]))
+
+
+class Ceiling:
+    """The frontier found so far, as a bar for partial plans: a plan whose cost one of its
+    points strictly dominates (by more than ``_SLACK``) cannot reach the frontier."""
+
+    def __init__(self, found: np.ndarray):
+        f = pareto(found) * (1 + _SLACK)          # time ascending, memory strictly descending
+        self.t, self.m = f[:, 0], f[:, 1]
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    def beats(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """Whether a point strictly dominates each (t, m) (any shape; inf counts as beaten)."""
+        # of the points no slower than t, the last has the least memory
+        i = np.searchsorted(self.t, t, side="right") - 1
+        ft, fm = self.t[np.maximum(i, 0)], self.m[np.maximum(i, 0)]
+        return (i >= 0) & (fm <= m) & ((ft < t) | (fm < m))
 
 
 def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:

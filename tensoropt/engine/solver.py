@@ -56,6 +56,7 @@ from .costgraph import CostGraph
 from .dominance import dominated_free_configs
 from .elimination import plan_elimination
 from .factors import Factor, SolveTimeout
+from .bounds import Ceiling
 from .tying import tie_blocks
 
 __all__ = ["solve", "SolveResult", "SolveTimeout"]
@@ -83,12 +84,19 @@ def solve(
     use_blocks: bool = True,
     drop_dominated: bool = True,
     block_groups: int | None = None,
+    ceiling: np.ndarray | None = None,
 ) -> SolveResult:
     """The Pareto frontier of ``graph``: exact for ``epsilon=0``, else (1+ε)-approximate.
 
     ``block_groups``: tie the repeated blocks into at most this many groups of consecutive
     blocks that share one assignment (``tying.py``): a faster search over a restricted
     set, exact over that set (``epsilon=0``); None searches every assignment.
+
+    ``ceiling``: points (time, memory) found elsewhere (another mesh's plans); the frontier
+    points one of them strictly dominates are left out, and so is every partial plan in the
+    repeated blocks' chain that the rest of the chain cannot lift out from under them
+    (:meth:`_ChainBuilder.fold`). What is returned is then exactly the frontier less the
+    points the ceiling dominates.
 
     ``time_limit_s`` raises :class:`SolveTimeout` when exceeded (nothing partial is returned).
     ``progress``: a tqdm bar over the folding steps; None shows it on large graphs at a terminal.
@@ -102,13 +110,14 @@ def solve(
         tied = tie_blocks(graph, block_groups)
         if tied is not None:
             res = solve(tied.graph, epsilon=epsilon, time_limit_s=time_limit_s, progress=progress,
-                        use_blocks=use_blocks, drop_dominated=drop_dominated)
+                        use_blocks=use_blocks, drop_dominated=drop_dominated, ceiling=ceiling)
             assignments = tied.expand(res.assignments)
             _verify(graph, res.points, assignments)
             stats = {**res.stats, "seconds": time.monotonic() - start, "block_groups": tied.groups,
                      "block_group_size": tied.group_size}
             return SolveResult(res.points, assignments, res.epsilon, stats)
     deadline = None if time_limit_s is None else start + time_limit_s
+    bar_above = Ceiling(ceiling) if ceiling is not None and len(ceiling) else None
 
     kept = dominated_free_configs(graph) if drop_dominated else [np.arange(k) for k in graph.n_configs]
     g = _restrict(graph, kept)
@@ -129,8 +138,10 @@ def solve(
     try:
         rest = _run(plan, leaves, quantum, deadline, bar)
         if chain is not None:
-            rest = [chain.fold(rest, quantum, deadline, bar)]
+            rest = [chain.fold(rest, quantum, deadline, bar, bar_above)]
         root = _fold_all(rest, quantum, deadline)
+        if bar_above is not None:
+            _cut(root, bar_above, 0.0, 0.0, compact=False)
     except SolveTimeout as err:
         raise SolveTimeout(
             f"Frontier search stopped after {time.monotonic() - start:.1f} s (time_limit_s={time_limit_s}) "
@@ -154,6 +165,8 @@ def solve(
         "configs_after": int(sum(len(k) for k in kept)),
         "used_blocks": chain is not None,
     }
+    if chain is not None and bar_above is not None:
+        stats["chain_points_cut"] = chain.cut
     return SolveResult(points, assignments, float(epsilon), stats)
 
 
@@ -284,8 +297,15 @@ class _ChainBuilder:
         """Prunes the chain adds on any path, at most (on top of the outer plan's)."""
         return self.plan.depth + len(self.plan.leftover) + self.n + 2 * n_kept + 4
 
-    def fold(self, rest: list[Factor], quantum, deadline, bar) -> Factor:
-        """The factor over the last exits of everything: ``rest`` (the outer factors) and the chain."""
+    def fold(self, rest: list[Factor], quantum, deadline, bar, ceiling: Ceiling | None = None) -> Factor:
+        """The factor over the last exits of everything: ``rest`` (the outer factors) and the chain.
+
+        With a ``ceiling``, a partial plan ``p`` in V_k(x_k) is dropped when the ceiling strictly
+        dominates ``p`` plus the least time and, apart, the least memory that the blocks still
+        to come (from exit configuration x_k) and the outer factors still to join can add:
+        every completion of ``p`` costs at least that, so none reaches the frontier. A point
+        that ``p`` pruned away stays pruned, and rightly: it is no better than ``p`` for every
+        completion. ``self.cut`` counts the points dropped."""
         template = _combine_all(_run(self.plan, self.template_leaves, quantum, deadline, bar), quantum, deadline)
         template = _permute(_pad_scope(template, self.x0 + self.x1, self.sizes), self.x0 + self.x1)
         r = int(np.prod(self.kx, dtype=np.int64))
@@ -304,9 +324,15 @@ class _ChainBuilder:
         shape = lead + (r, v0.width)
         vs = [Factor(scope, v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape), "matrix",
                      depth=v0.depth)]
-        for _ in range(self.n):
+        self.cut = 0
+        if ceiling is not None:
+            to_come = _rest_of_chain(a, self.n, post)
+            self.cut += _cut(vs[0], ceiling, *to_come[self.n], compact=False)   # unfold reads v0's columns
+        for k in range(1, self.n + 1):
             nxt = fx.combine(vs[-1], a, eliminate=-1, quantum=quantum, deadline=deadline)
             nxt.scope = scope  # (-3, -2) / (-2,): the new exits take the place of the old
+            if ceiling is not None:
+                self.cut += _cut(nxt, ceiling, *to_come[self.n - k])
             if len(vs) > 1:
                 _release(vs[-1])
             vs.append(nxt)
@@ -350,6 +376,47 @@ class _ChainBuilder:
         if self.carry:
             ctx0.update((v, ctx[v]) for v in self.xl)
         stack.append((self.v0, point, {v: ctx0[v] for v in self.v0.scope}))
+
+
+def _rest_of_chain(a: Factor, n: int, post: list[Factor]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per number of blocks ``j`` still to come, the least time and the least memory (each
+    alone) they and the ``post`` factors add, per exit configuration (index of the
+    transfer's first axis)."""
+    with np.errstate(invalid="ignore"):
+        at, am = a.t.min(axis=-1), a.m.min(axis=-1)                     # (r, r)
+    t0 = sum((float(np.min(f.t)) for f in post), 0.0)
+    m0 = sum((float(np.min(f.m)) for f in post), 0.0)
+    out = [(np.full(at.shape[0], t0), np.full(at.shape[0], m0))]
+    for _ in range(n):
+        t, m = out[-1]
+        out.append(((at + t[None, :]).min(axis=1), (am + m[None, :]).min(axis=1)))
+    return out
+
+
+def _cut(f: Factor, ceiling: Ceiling, rest_t, rest_m, compact: bool = True) -> int:
+    """Drop the points of ``f`` (exits on its second-to-last axis) that ``ceiling`` beats even
+    with the least ``rest_t``, ``rest_m`` still to add (``compact``: each row's survivors move
+    first, in order, and the width shrinks; else they become padding where they are).
+    Returns how many went."""
+    rest_t, rest_m = np.asarray(rest_t), np.asarray(rest_m)
+    if rest_t.ndim:
+        rest_t, rest_m = rest_t[:, None], rest_m[:, None]
+    finite = np.isfinite(f.t)
+    gone = finite & ceiling.beats(f.t + rest_t, f.m + rest_m)
+    n_gone = int(gone.sum())
+    if not n_gone:
+        return 0
+    alive = finite & ~gone
+    if not compact:
+        f.t, f.m = np.where(alive, f.t, np.inf), np.where(alive, f.m, np.inf)
+        return n_gone
+    order = np.argsort(~alive, axis=-1, kind="stable")
+    width = max(int(alive.sum(axis=-1).max(initial=0)), 1)
+    order = order[..., :width]
+    f.t = np.where(np.take_along_axis(alive, order, -1), np.take_along_axis(f.t, order, -1), np.inf)
+    f.m = np.where(np.take_along_axis(alive, order, -1), np.take_along_axis(f.m, order, -1), np.inf)
+    f.src = np.where(np.take_along_axis(alive, order, -1), np.take_along_axis(f.src, order, -1), -1)
+    return n_gone
 
 
 def _pad_scope(f: Factor, scope: tuple[int, ...], sizes: dict[int, int]) -> Factor:
