@@ -36,8 +36,8 @@ returns are within ``PeakModel.bound`` of the exact frontier (:func:`block_bound
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Callable
 
 import numpy as np
@@ -139,12 +139,16 @@ def _widest_cut(g: PeakGraph) -> int:
             for t in reg.terms(kind):
                 for v in t.scope:
                     last[v] = max(last[v], r)
-    widest = 1
+    # node v is live at cuts region_of[v] + 1 .. last[v]: a running product, exact in ints
+    enter: dict[int, int] = {}
+    leave: dict[int, int] = {}
+    for v in range(g.n_nodes):
+        if region_of[v] < last[v]:
+            enter[region_of[v] + 1] = enter.get(region_of[v] + 1, 1) * g.n_configs[v]
+            leave[last[v] + 1] = leave.get(last[v] + 1, 1) * g.n_configs[v]
+    widest = rows = 1
     for c in range(1, len(g.regions)):
-        rows = 1
-        for v in range(g.n_nodes):
-            if region_of[v] < c <= last[v]:
-                rows *= g.n_configs[v]
+        rows = rows * enter.get(c, 1) // leave.get(c, 1)
         widest = max(widest, rows)
     return widest
 
@@ -182,15 +186,30 @@ class _Terms:
     extra: list | None   # replicate: what FSDP2 holds while each operator runs backward
     unit_input: list
     skips: tuple
+    _by_unit: dict = field(default_factory=dict)
 
     def pending(self, p: int) -> list[int]:
         """Operators whose output's summed gradient is held while ``p`` runs backward."""
-        return [s for s, last in self.skips if s < p < last]
+        return self._pending.get(p, [])
 
     def waiting(self, first: int, last: int, j: int) -> list[int]:
         """Operators of the unit ``first..last`` whose output waits for a later user while
         the unit's second forward runs operator ``j``."""
-        return [s for s, user in self.skips if first <= s <= last and s < j <= min(user, last)]
+        return [s for s, user in self._from(first, last) if s < j <= min(user, last)]
+
+    @cached_property
+    def _pending(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for s, last in self.skips:
+            for p in range(s + 1, last):
+                out.setdefault(p, []).append(s)
+        return out
+
+    def _from(self, first: int, last: int) -> list[tuple[int, int]]:
+        key = (first, last)
+        if key not in self._by_unit:
+            self._by_unit[key] = [(s, user) for s, user in self.skips if first <= s <= last]
+        return self._by_unit[key]
 
 
 def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np.ndarray | None = None,

@@ -169,12 +169,13 @@ class PeakGraph:
                     if late > g:
                         raise ValueError(f"region {g} ({reg.name}): a {kind} term reads node "
                                          f"{names[max(t.scope, key=lambda v: region_of[v])]!r} of a later region")
-                    for table in (p.table for p in t.parts) if isinstance(t, SumTerm) else (t.table,):
-                        if kind == "local" or kind == "rise":
-                            if np.isnan(table).any() or np.isposinf(table).any():
-                                raise ValueError(f"region {g}: {kind} term with NaN or +inf")
-                        elif not np.isfinite(table).all():
-                            raise ValueError(f"region {g}: {kind} term with a non-finite value")
+                tables = [p.table.ravel() for t in terms for p in (t.parts if isinstance(t, SumTerm) else (t,))]
+                values = np.concatenate(tables) if tables else np.zeros(0)
+                if kind == "local" or kind == "rise":
+                    if np.isnan(values).any() or np.isposinf(values).any():
+                        raise ValueError(f"region {g}: {kind} term with NaN or +inf")
+                elif not np.isfinite(values).all():
+                    raise ValueError(f"region {g}: {kind} term with a non-finite value")
                 lists[kind] = terms
             regs.append(Region(tuple(reg.nodes), reg.mode, name=reg.name, **lists))
         if exclude is not None:
@@ -256,14 +257,13 @@ def _frozen(term, ks: tuple[int, ...], names, additive: bool = False):
         parts = tuple(_frozen(p, ks, names) for p in term.parts)
         scope = SumTerm(parts).scope
         return SumTerm(parts, tuple(ks[v] for v in scope))
-    scope = tuple(int(v) for v in term.scope)
+    scope = tuple(map(int, term.scope))
     if len(set(scope)) != len(scope):
         raise ValueError(f"a term's scope repeats a node: {scope}")
-    for v in scope:
-        if not 0 <= v < len(ks):
-            raise ValueError(f"a term reads node {v}, out of range")
+    if scope and not (0 <= min(scope) and max(scope) < len(ks)):
+        raise ValueError(f"a term reads a node out of range: {scope}")
     table = np.array(term.table, dtype=np.float64)
-    want = tuple(ks[v] for v in scope) + ((2,) if additive else ())
+    want = tuple([ks[v] for v in scope] + ([2] if additive else []))
     if table.shape != want:
         label = ", ".join(names[v] for v in scope)
         raise ValueError(f"term over ({label}): table shape {table.shape}, expected {want}")
