@@ -283,7 +283,7 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
         ctx.peak_searches[res.stats["peak_search"]] += 1
         start_at = res.stats["peak_search"]
         fronts.append(np.column_stack([res.times, res.memories, res.peaks]))
-        solved.append((g, problem, res))
+        solved.append((g, problem, (res.assignments, res.memories, res.peaks)))   # not its peak model
     fronts = [f + np.array([0.0, b, b]) for f, b in zip(fronts, buffers)]
     # stages compose on their peaks, each stage's as its plan will state it
     points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
@@ -300,9 +300,9 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
                 p2p: float, stages: int, microbatches: int, buffers) -> Plan:
     mb_graph = ctx.graph
     stage_plans = []
-    for spec, (g, problem, res), k, held in zip(specs, solved, pick, buffers):
-        sp = plan_from_assignment(replace(ctx, graph=g), problem, res.assignments[k], label=f"stage {spec.index}",
-                                  microbatches=microbatches, held_peak=(res.memories[k], res.peaks[k]))
+    for spec, (g, problem, (assignments, memories, peaks)), k, held in zip(specs, solved, pick, buffers):
+        sp = plan_from_assignment(replace(ctx, graph=g), problem, assignments[k], label=f"stage {spec.index}",
+                                  microbatches=microbatches, held_peak=(memories[k], peaks[k]))
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
     slowest = max(sp.time_s for sp in stage_plans)

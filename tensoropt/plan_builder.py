@@ -9,6 +9,7 @@ merge of frontiers.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -83,8 +84,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         again = i in recomputed_ops
         act = 0.0 if again else problem.activation_factor * cost.activation_bytes
         act += cost.output_bytes if i in kept else 0.0
-        ops.append(OpChoice(name=op.name, module=op.module, family=op.family, config=str(cfg),
-                            placements=format_placements(output_placements(op, cfg)),
+        labels = problem.labels.get((i, a[i]))
+        if labels is None:
+            labels = problem.labels[(i, a[i])] = (str(cfg), format_placements(output_placements(op, cfg)))
+        ops.append(OpChoice(name=op.name, module=op.module, family=op.family, config=labels[0],
+                            placements=labels[1],
                             compute_s=cost.compute_s + (cost.forward_s if again else 0.0), comm_s=cost.comm_s,
                             relayout_s=float(relayout[i]),
                             param_bytes=cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes,
@@ -118,6 +122,23 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
                 zero_stage=problem.zero_stage, recompute=tuple(recomputed), inputs=graph.inputs)
 
 
+def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
+    """Per operator: whether it has a batch dimension; whether it carries a weight."""
+    known = _KINDS.get(id(graph))
+    if known is None or known[0]() is not graph:
+        if len(_KINDS) > 64:
+            _KINDS.clear()
+        batched = ["b" in label_sizes(op) for op in graph.operators]
+        weighted = [op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)
+                    for op in graph.operators]
+        known = _KINDS[id(graph)] = (weakref.ref(graph), batched, weighted)
+    return known[1], known[2]
+
+
+# id(graph) -> (weak reference to it, its operators' kinds): every plan of a search asks again
+_KINDS: dict[int, tuple] = {}
+
+
 def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:
     """Per mesh axis its role and size, e.g. ``dp2·tp4``: ``rep`` when no operator splits
     anything over it, ``dp`` when every batched operator splits the batch, ``tp`` when at
@@ -125,11 +146,11 @@ def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -
     half the batched operators split the batch, else ``mix``."""
     parts = []
     n_ops = len(graph.operators)
+    is_batched, is_weighted = _op_kinds(graph)
     for axis, size in enumerate(problem.mesh.shape):
         splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment[:n_ops])]
-        batched = [s for op, s in zip(graph.operators, splits) if "b" in label_sizes(op)]
-        weighted = [s for op, s in zip(graph.operators, splits)
-                    if op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)]
+        batched = [s for s, yes in zip(splits, is_batched) if yes]
+        weighted = [s for s, yes in zip(splits, is_weighted) if yes]
         if all(s is None for s in splits):
             role = "rep"
         elif batched and all(s == "b" for s in batched):

@@ -57,6 +57,12 @@ class MeshProblem:
         return len(self.configs) + unit
 
     @cached_property
+    def labels(self) -> dict[tuple[int, int], tuple[str, str]]:
+        """(operator, configuration) -> its plan labels (config, output placements), filled
+        as plans are built (``plan_builder``)."""
+        return {}
+
+    @cached_property
     def backward_tables(self) -> tuple[tuple[np.ndarray, ...], ...]:
         """Per operator, per configuration: saved activation bytes (one micro-batch), the
         transient its backward adds, its output's bytes and, under ZeRO-3, the gathered

@@ -35,6 +35,29 @@ def test_bounds_are_exact_at_the_ends_and_below_every_frontier_point():
             assert (a[j] * pts[:, 0] + b[j] * pts[:, 1]).min() == pytest.approx(c[j], rel=1e-8)
 
 
+def test_repeated_blocks_fold_once_to_the_same_bound():
+    """A chain of blocks is bounded by one block's transfer raised to a min-plus power: the
+    same lines as eliminating every node of every block."""
+    from tensoropt.engine import bounds
+
+    for seed in range(6):
+        graph = transformer_graph(2 + seed % 4, k_range=(2, 5), seed=seed)
+        chained = lower_bound(graph)
+        dense = bounds._joint(bounds._eliminate(
+            [(v,) for v in range(graph.n_nodes)] + list(graph.edge_costs),
+            [c @ chained.lines[:, :2].T for c in graph.node_costs]
+            + [c @ chained.lines[:, :2].T for c in graph.edge_costs.values()],
+            dict(enumerate(graph.n_configs)), frozenset()), (), dict(enumerate(graph.n_configs)), len(chained.lines))
+        assert bounds.chain_layout(graph) is not None
+        np.testing.assert_allclose(chained.lines[:, 2], dense * (1 - bounds._SLACK), rtol=1e-12)
+    from tensoropt.engine import solve
+
+    graph = transformer_graph(3, k_range=(2, 4), seed=3)
+    pts, lb = solve(graph).points, lower_bound(graph)      # the engine's exact frontier
+    assert lb.time_min == pytest.approx(pts[:, 0].min(), rel=1e-8)
+    assert all(lb.time_within(m) <= t for t, m in pts)
+
+
 def test_a_graph_never_dominates_its_own_frontier():
     for graph in _graphs():
         pts, _ = brute_force_frontier(graph)

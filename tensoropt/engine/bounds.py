@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .blocks import chain_layout
 from .costgraph import CostGraph
 from .elimination import plan_elimination
 from .pareto import pareto
@@ -97,8 +98,15 @@ class Ceiling:
         return (i >= 0) & (fm <= m) & ((ft < t) | (fm < m))
 
 
+# the chain's min-plus matrix products cost exits^3 per weight; above this, fold densely
+_CHAIN_MAX_CELLS = 5e7
+
+
 def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:
-    """Per weight row (a, b): the least a·T + b·M over all assignments."""
+    """Per weight row (a, b): the least a·T + b·M over all assignments. Repeated blocks in
+    a chain (``blocks.chain_layout``) are folded once and applied as a min-plus matrix
+    power, as the frontier search folds them; anything else by dense elimination."""
+    sizes = {v: k for v, k in enumerate(graph.n_configs)}
     scopes: list[tuple[int, ...]] = []
     tables: list[np.ndarray] = []
     for v, costs in enumerate(graph.node_costs):
@@ -107,8 +115,65 @@ def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:
     for (u, v), costs in graph.edge_costs.items():
         scopes.append((u, v))
         tables.append(costs @ ab.T)                       # (K_u, K_v, L)
-    sizes = {v: k for v, k in enumerate(graph.n_configs)}
-    plan = plan_elimination(scopes, sizes)
+    chain = _chain_min_sums(graph, scopes, tables, sizes, len(ab))
+    if chain is not None:
+        return chain
+    return _joint(_eliminate(scopes, tables, sizes, frozenset()), (), sizes, len(ab))
+
+
+def _chain_min_sums(graph, scopes, tables, sizes, n_w: int) -> np.ndarray | None:
+    layout = chain_layout(graph)
+    if layout is None:
+        return None
+    blocks = layout.blocks
+    x0, xl = layout.first_exits, layout.last_exits
+    x1 = tuple(blocks[1][p] for p in layout.exits)
+    r = int(np.prod([sizes[v] for v in x0], dtype=np.int64))
+    if r ** 3 * n_w > _CHAIN_MAX_CELLS:
+        return None
+    chained = {v for b in blocks[1:] for v in b}
+    in_b1, from_x0, out_xl = set(blocks[1]), set(x0), set(xl)
+    template, outer = [], []
+    for i, s in enumerate(scopes):
+        if s[-1] in chained:               # a node of blocks 1..L-1, or an edge into one
+            if s[-1] in in_b1:
+                if not all(v in in_b1 or v in from_x0 for v in s):
+                    return None
+                template.append(i)         # block 1's; the later blocks' are the same
+        elif any(v in chained and v not in out_xl for v in s):
+            return None                    # an edge out of the chain not from its last exits
+        else:
+            outer.append(i)
+    # the transfer A(x0, x1): block 1 given the exits before it and its own
+    keep = frozenset(x0 + x1)
+    a = _joint(_eliminate([scopes[i] for i in template], [tables[i] for i in template], sizes, keep),
+               x0 + x1, sizes, n_w).reshape(r, r, n_w)
+    # everything outside the chain, as a table over the first exits and the last
+    keep = frozenset(x0 + xl)
+    v0 = _joint(_eliminate([scopes[i] for i in outer], [tables[i] for i in outer], sizes, keep),
+                x0 + xl, sizes, n_w).reshape(r, r, n_w)
+    power = _min_plus_power(a, len(blocks) - 1)          # (x0, xl): the chain's least cost
+    return (v0 + power).reshape(-1, n_w).min(axis=0)
+
+
+def _min_plus_power(a: np.ndarray, n: int) -> np.ndarray:
+    out, sq = None, a
+    while n:
+        if n & 1:
+            out = sq if out is None else _min_plus(out, sq)
+        n >>= 1
+        if n:
+            sq = _min_plus(sq, sq)
+    return out
+
+
+def _min_plus(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return np.min(p[:, :, None, :] + q[None, :, :, :], axis=1)
+
+
+def _eliminate(scopes, tables, sizes, keep: frozenset[int]) -> list[tuple[tuple[int, ...], np.ndarray]]:
+    """Min-sum variable elimination of every node not in ``keep``: the factors left."""
+    plan = plan_elimination(scopes, sizes, keep=keep)
     factors: dict[int, tuple[tuple[int, ...], np.ndarray]] = {i: (s, t) for i, (s, t) in
                                                              enumerate(zip(scopes, tables))}
     for step in plan.steps:
@@ -117,10 +182,22 @@ def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:
         total = sum(_align(t, s, scope, sizes) for s, t in parts)
         axis = scope.index(step.node)
         factors[step.result] = (scope[:axis] + scope[axis + 1:], total.min(axis=axis))
-    out = np.zeros(len(ab))
-    for i in plan.leftover:
-        out += factors[i][1].reshape(-1, len(ab)).min(axis=0) if factors[i][0] else factors[i][1]
-    return out
+    return [factors[i] for i in plan.leftover]
+
+
+def _joint(factors, scope: tuple[int, ...], sizes, n_w: int) -> np.ndarray:
+    """The factors summed over ``scope`` (each node's configurations along its axis), every
+    other node they mention minimised out; shape (*K_scope, n_w)."""
+    total = np.zeros(tuple(sizes[v] for v in scope) + (n_w,))
+    for s, t in factors:
+        extra = tuple(v for v in s if v not in scope)
+        if extra:
+            t = np.transpose(t, [s.index(v) for v in extra] + [s.index(v) for v in s if v in scope]
+                             + [len(s)])
+            t = t.reshape((-1,) + t.shape[len(extra):]).min(axis=0)
+            s = tuple(v for v in s if v in scope)
+        total = total + _align(t, s, scope, sizes)
+    return total
 
 
 def _align(table: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...], sizes) -> np.ndarray:
