@@ -73,8 +73,10 @@ class CostModel:
     compute: ComputeModel | None = None          # None: datasheet defaults for the device
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
-    # layout moves already priced (edge_tables): every mesh and ZeRO stage asks for the same
+    # layout moves already priced (edge_tables): every mesh and ZeRO stage asks for the same;
+    # operators' configurations and costs (planner.build_problem), per operator signature
     _moves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _nodes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.compute is None:

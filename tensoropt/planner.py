@@ -126,16 +126,19 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     gradient is a temporary before it is added)."""
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
-    cache: dict[tuple, tuple[tuple[OpConfig, ...], tuple[NodeCost, ...]]] = {}
+    # like operators share their configurations and costs, within a problem and across the
+    # problems of one cost model (pipeline stages at one micro-batch size, on one mesh)
+    cache = cost_model._nodes
     configs, costs = [], []
     for op, o, sig in zip(graph.operators, own, sigs):
-        if sig not in cache:
+        key = (sig, mesh, zero_stage, batch_only_axes)
+        if key not in cache:
             cfgs = tuple(c for c in enumerate_configs(op, mesh)
                          if all(c.splits[a] in (None, "b") for a in batch_only_axes))
-            cache[sig] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage)
+            cache[key] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage)
                                       for c in cfgs))
-        configs.append(cache[sig][0])
-        costs.append(cache[sig][1])
+        configs.append(cache[key][0])
+        costs.append(cache[key][1])
     edge_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     edges, edge_transients = [], []
     for e in graph.edges:
