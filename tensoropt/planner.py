@@ -145,6 +145,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
         if key not in edge_cache:
             edge_cache[key] = edge_tables(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
+            edge_cache[key][0].setflags(write=False)           # shared by every like edge
         table, moved, ahead = edge_cache[key]
         edges.append((e.src, e.dst, table))
         if moved.any() or ahead.any():

@@ -165,6 +165,32 @@ def test_skipping_dominated_jobs_keeps_the_frontier(pruned_and_full):
     assert _same(pruned, full)
 
 
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(
+        p.summary == q.summary and p.mesh == q.mesh and np.isclose(p.time_s, q.time_s, rtol=1e-12, atol=0)
+        and np.isclose(p.peak_memory_bytes, q.peak_memory_bytes, rtol=1e-12, atol=0) for p, q in zip(a.plans, b.plans))
+
+
+def test_ceilings_inside_solves_keep_the_frontier(monkeypatch):
+    """Every problem searched on end-of-forward memory, where solved jobs take the frontier
+    found so far as a ceiling (pipeline stages rescaled to their own time and memory)."""
+    import tensoropt
+    import tensoropt.mesh_search as mesh_search
+    import tensoropt.pipeline as pipeline
+    from tensoropt import peak_search
+
+    def forward_end(*args, **kw):
+        return peak_search.solve_problem(*args, **{**kw, "start_at": "forward-end"})
+    monkeypatch.setattr(mesh_search, "solve_problem", forward_end)
+    monkeypatch.setattr(pipeline, "solve_problem", forward_end)
+    kw = dict(max_mesh_dims=2, progress=False, references=False)
+    pruned = tensoropt.frontier("gpt-tiny", "8xA100-80GB", batch_size=16, **kw)
+    full = tensoropt.frontier("gpt-tiny", "8xA100-80GB", batch_size=16, prune_meshes=False, **kw)
+    assert pruned.stats["peak_search"] == {"forward-end": pruned.stats["peak_search"]["forward-end"]}
+    assert any(p.stages for p in full.plans)
+    assert _close(pruned, full)
+
+
 def test_jobs_run_fastest_bound_first_and_return_in_their_own_order():
     from tensoropt.plan_builder import Candidate
     from tensoropt.search_jobs import Job, run_jobs

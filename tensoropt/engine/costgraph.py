@@ -46,17 +46,22 @@ class CostGraph:
         if len(set(names)) != len(names):
             raise ValueError("node names must be unique")
         table: dict[tuple[int, int], np.ndarray] = {}
+        checked: set[int] = set()
         for u, v, arr in edges:
             label = f"edge {names[u] if 0 <= u < len(names) else u!r}->{names[v] if 0 <= v < len(names) else v!r}"
             if not (0 <= u < len(names) and 0 <= v < len(names)):
                 raise ValueError(f"{label}: endpoint out of range 0..{len(names) - 1}")
             if u == v:
                 raise ValueError(f"{label}: self-loop")
-            arr = np.array(arr, dtype=np.float64)
+            # a read-only float64 table is kept as it is: repeated blocks share one copy
+            if not (isinstance(arr, np.ndarray) and arr.dtype == np.float64 and not arr.flags.writeable):
+                arr = np.array(arr, dtype=np.float64)
             want = (costs[u].shape[0], costs[v].shape[0], N_OBJECTIVES)
             if arr.shape != want:
                 raise ValueError(f"{label}: table shape {arr.shape} does not match (K_u, K_v, 2) = {want}")
-            _check_values(arr, label)
+            if id(arr) not in checked:
+                _check_values(arr, label)
+                checked.add(id(arr))
             if (u, v) in table:  # parallel edges: their costs add (OptCNN edge elimination)
                 arr = table[(u, v)] + arr
             arr.setflags(write=False)
