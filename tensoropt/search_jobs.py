@@ -7,8 +7,9 @@ end-of-forward memory, which no plan's peak is below). Jobs are then solved fast
 first, and a job whose bound lies wholly on or above the frontier found so far is skipped:
 none of its plans could reach the frontier, so the frontier is the one solving every job
 would give, found with less work. A job that is solved is handed that frontier too, to
-drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candidates come back in the jobs' own order, so ties on
-the merged frontier go the same way whichever jobs ran.
+drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candidates come
+back in the jobs' own order, so ties on the merged frontier go the same way whichever jobs
+ran.
 """
 
 from __future__ import annotations

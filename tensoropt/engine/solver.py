@@ -52,11 +52,11 @@ import numpy as np
 
 from . import factors as fx
 from .blocks import ChainLayout, chain_layout
+from .bounds import Ceiling
 from .costgraph import CostGraph
 from .dominance import dominated_free_configs
 from .elimination import plan_elimination
 from .factors import Factor, SolveTimeout
-from .bounds import Ceiling
 from .tying import tie_blocks
 
 __all__ = ["solve", "SolveResult", "SolveTimeout"]
