@@ -81,6 +81,12 @@ class Operator:
         return tuple(lhs.split(",")), out
 
     @property
+    def batched(self) -> bool:
+        """Whether one of its dimensions is the batch (label ``b``)."""
+        terms, out = self.terms
+        return any("b" in t for t in (*terms, out))
+
+    @property
     def param_bytes(self) -> int:
         return sum(t.nbytes for t, p in zip(self.operands, self.param_names) if p is not None)
 

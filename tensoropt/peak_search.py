@@ -62,10 +62,9 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     memory) (``block_groups`` as in ``engine.solve``), whose plans are then priced on their
     peak: not the peak frontier, and ``stats["peak_search"]`` says so. ``start_at`` skips the
     searches before it (a like problem found them too large). ``ceiling``: (time, memory)
-    points that no plan's (time, end-of-forward memory) must be strictly dominated by to be
-    wanted; the search on end-of-forward memory leaves out what they dominate (a plan's peak
-    is never below its end-of-forward memory, so none of those plans could beat them on the
-    peak either)."""
+    points found elsewhere; the search on end-of-forward memory leaves out the plans one of
+    them strictly dominates in (time, end-of-forward memory), which could not beat it on the
+    peak either (a plan's peak is never below its end-of-forward memory)."""
     pm = peak_model(problem, graph, microbatches, exact_rows)
     start = time.monotonic()
     deadline = None if time_limit_s is None else start + time_limit_s

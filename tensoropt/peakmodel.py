@@ -45,7 +45,6 @@ import numpy as np
 from .engine.peakgraph import PeakGraph, Region, SumTerm, Term
 from .execution import batch_statistics_axes
 from .planner import MeshProblem, recompute_units
-from .strategy import label_sizes
 
 __all__ = ["PeakModel", "peak_model", "EXACT_SEARCH_ROWS"]
 
@@ -161,11 +160,11 @@ def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
     if problem.zero_stage or problem.accumulates:
         return None
     shape = problem.mesh.shape
-    if any(n > 1 for n in shape) and not any("b" in label_sizes(op) for op in graph.operators):
+    if any(n > 1 for n in shape) and not any(op.batched for op in graph.operators):
         return None
     out = []
     for op, cfgs in zip(graph.operators, problem.configs):
-        want = "b" if "b" in label_sizes(op) else None
+        want = "b" if op.batched else None
         hits = [j for j, c in enumerate(cfgs)
                 if all(s == want for s, n in zip(c.splits, shape) if n > 1) and not batch_statistics_axes(op, c)]
         if len(hits) != 1:

@@ -216,8 +216,8 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
     mesh; ``ctx.graph`` is the model captured at the micro-batch size."""
     out = []
     for mesh in space.meshes(stage_cluster(cluster, stages)[0]):
-        out += _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute).solve(time_limit_s,
-                                                                                                          None)
+        job = _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute)
+        out += job.solve(time_limit_s, None)
     return out
 
 

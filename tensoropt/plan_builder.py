@@ -9,7 +9,6 @@ merge of frontiers.
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -19,9 +18,9 @@ import numpy as np
 from .opgraph import OpGraph
 from .placement import format_placements
 from .plan import OpChoice, Plan
-from .peakmodel import PeakModel, peak_model as build_peak_model
+from .peakmodel import peak_model as build_peak_model
 from .planner import MeshProblem, returned_ops
-from .strategy import label_sizes, output_placements
+from .strategy import output_placements
 from .training import TrainingConfig
 
 __all__ = ["PlanContext", "Candidate", "plan_from_assignment", "summarize"]
@@ -50,13 +49,11 @@ class Candidate:
 
 
 def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Sequence[int], label: str = "",
-                         microbatches: int = 1, peak_model: PeakModel | None = None,
-                         held_peak: tuple[float, float] | None = None) -> Plan:
+                         microbatches: int = 1, held_peak: tuple[float, float] | None = None) -> Plan:
     """Price one assignment (configuration index per operator, then per recompute unit; units
-    default to keeping their activations) into a :class:`Plan`; its peak from ``peak_model``
-    (``peakmodel.peak_model(problem, ctx.graph, microbatches)`` when not given), or
-    ``held_peak``: the (end-of-forward memory, peak) that model gave this assignment already,
-    priced with others in one batch."""
+    default to keeping their activations) into a :class:`Plan`; its (end-of-forward memory,
+    peak) are ``held_peak`` where the search priced them already, in one batch with others,
+    else ``peakmodel.peak_model(problem, ctx.graph, microbatches)``'s."""
     graph, mesh = ctx.graph, problem.mesh
     n_ops = len(graph.operators)
     a = [int(x) for x in assignment]
@@ -103,8 +100,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
     if held_peak is None:
-        pm = peak_model if peak_model is not None else build_peak_model(problem, graph, microbatches)
-        held_peak = pm.evaluate(np.array([a]))[0, 1:]
+        held_peak = build_peak_model(problem, graph, microbatches).evaluate(np.array([a]))[0, 1:]
     held, peak = held_peak
     totals["input_bytes"] = float(held - m)                    # the step's input batch beside the state
     totals["transient_bytes"] = float(peak - held)             # the backward pass's rise above both
@@ -122,23 +118,6 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
                 zero_stage=problem.zero_stage, recompute=tuple(recomputed), inputs=graph.inputs)
 
 
-def _op_kinds(graph: OpGraph) -> tuple[list[bool], list[bool]]:
-    """Per operator: whether it has a batch dimension; whether it carries a weight."""
-    known = _KINDS.get(id(graph))
-    if known is None or known[0]() is not graph:
-        if len(_KINDS) > 64:
-            _KINDS.clear()
-        batched = ["b" in label_sizes(op) for op in graph.operators]
-        weighted = [op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)
-                    for op in graph.operators]
-        known = _KINDS[id(graph)] = (weakref.ref(graph), batched, weighted)
-    return known[1], known[2]
-
-
-# id(graph) -> (weak reference to it, its operators' kinds): every plan of a search asks again
-_KINDS: dict[int, tuple] = {}
-
-
 def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:
     """Per mesh axis its role and size, e.g. ``dp2·tp4``: ``rep`` when no operator splits
     anything over it, ``dp`` when every batched operator splits the batch, ``tp`` when at
@@ -146,7 +125,9 @@ def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -
     half the batched operators split the batch, else ``mix``."""
     parts = []
     n_ops = len(graph.operators)
-    is_batched, is_weighted = _op_kinds(graph)
+    is_batched = [op.batched for op in graph.operators]
+    is_weighted = [op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)
+                   for op in graph.operators]
     for axis, size in enumerate(problem.mesh.shape):
         splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment[:n_ops])]
         batched = [s for s, yes in zip(splits, is_batched) if yes]

@@ -72,11 +72,11 @@ def dominated(time_within: Callable[[float], float], memory_min: float, found: n
     and memory, any order). Only strictly: a plan that could tie a found point is not."""
     if not len(found):
         return False
-    f = pareto(found) * (1 + _SLACK)            # the staircase: time ascending, memory descending
-    if time_within(float("inf")) <= f[0, 0] or memory_min <= f[-1, 1]:
+    f = Ceiling(found)                          # the staircase: time ascending, memory descending
+    if time_within(float("inf")) <= f.t[0] or memory_min <= f.m[-1]:
         return False
     # room below the staircase lies left of each step: time < next point's, memory < this one's
-    return all(time_within(m) > t_next for m, t_next in zip(f[:-1, 1], f[1:, 0]))
+    return all(time_within(m) > t_next for m, t_next in zip(f.m[:-1], f.t[1:]))
 
 
 class Ceiling:
@@ -86,9 +86,6 @@ class Ceiling:
     def __init__(self, found: np.ndarray):
         f = pareto(found) * (1 + _SLACK)          # time ascending, memory strictly descending
         self.t, self.m = f[:, 0], f[:, 1]
-
-    def __len__(self) -> int:
-        return len(self.t)
 
     def beats(self, t: np.ndarray, m: np.ndarray) -> np.ndarray:
         """Whether a point strictly dominates each (t, m) (any shape; inf counts as beaten)."""
@@ -160,14 +157,15 @@ def _min_plus_power(a: np.ndarray, n: int) -> np.ndarray:
     out, sq = None, a
     while n:
         if n & 1:
-            out = sq if out is None else _min_plus(out, sq)
+            out = sq if out is None else min_plus(out, sq)
         n >>= 1
         if n:
-            sq = _min_plus(sq, sq)
+            sq = min_plus(sq, sq)
     return out
 
 
-def _min_plus(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def min_plus(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The min-plus product of (r, s, L) and (s, c, L), per trailing index: (r, c, L)."""
     return np.min(p[:, :, None, :] + q[None, :, :, :], axis=1)
 
 

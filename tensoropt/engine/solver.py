@@ -52,7 +52,7 @@ import numpy as np
 
 from . import factors as fx
 from .blocks import ChainLayout, chain_layout
-from .bounds import Ceiling
+from .bounds import Ceiling, min_plus
 from .costgraph import CostGraph
 from .dominance import dominated_free_configs
 from .elimination import plan_elimination
@@ -382,15 +382,12 @@ def _rest_of_chain(a: Factor, n: int, post: list[Factor]) -> list[tuple[np.ndarr
     """Per number of blocks ``j`` still to come, the least time and the least memory (each
     alone) they and the ``post`` factors add, per exit configuration (index of the
     transfer's first axis)."""
-    with np.errstate(invalid="ignore"):
-        at, am = a.t.min(axis=-1), a.m.min(axis=-1)                     # (r, r)
-    t0 = sum((float(np.min(f.t)) for f in post), 0.0)
-    m0 = sum((float(np.min(f.m)) for f in post), 0.0)
-    out = [(np.full(at.shape[0], t0), np.full(at.shape[0], m0))]
+    least = np.stack([a.t.min(axis=-1), a.m.min(axis=-1)], axis=-1)    # (r, r, 2)
+    post_least = [sum((float(np.min(f.t)) for f in post), 0.0), sum((float(np.min(f.m)) for f in post), 0.0)]
+    rest = [np.broadcast_to(post_least, (least.shape[0], 1, 2))]
     for _ in range(n):
-        t, m = out[-1]
-        out.append(((at + t[None, :]).min(axis=1), (am + m[None, :]).min(axis=1)))
-    return out
+        rest.append(min_plus(least, rest[-1]))
+    return [(r[:, 0, 0], r[:, 0, 1]) for r in rest]
 
 
 def _cut(f: Factor, ceiling: Ceiling, rest_t, rest_m, compact: bool = True) -> int:
