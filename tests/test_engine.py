@@ -294,6 +294,7 @@ def test_time_limit():
 def test_block_pruned_sums_match_dense(monkeypatch):
     # Force the segment-pair pruning of factors.sum_prune onto small graphs.
     fx = importlib.import_module("tensoropt.engine.factors")
+    monkeypatch.setattr(fx, "kernels", lambda: None)
     monkeypatch.setattr(fx, "BLOCK_MIN_POINTS", 1)
     monkeypatch.setattr(fx, "_SEG_F", 2)
     monkeypatch.setattr(fx, "_SEG_G", 2)
@@ -304,3 +305,53 @@ def test_block_pruned_sums_match_dense(monkeypatch):
         assert_assignments_exact(g, result)
     g = transformer_graph(4, k_range=(3, 6), seed=2)
     assert_same_frontier(solve(g).points, solve(g, use_blocks=False).points)
+
+
+def _frontier_lists(rng, rows, n_c, width, ties, holes):
+    """(rows, n_c, width) frontiers sorted by time, inf-padded; ``ties``: integer costs, so
+    many candidates are equal; ``holes``: some lists have an inf point inside."""
+    t = np.full((rows, n_c, width), np.inf)
+    m = np.full((rows, n_c, width), np.inf)
+    for r, c in itertools.product(range(rows), range(n_c)):
+        pts = rng.integers(0, 6, size=(3 * width, 2)).astype(float) if ties else rng.random((3 * width, 2))
+        pt, pm, src = pareto_mod.prune_rows(pts[None, :, 0], pts[None, :, 1])
+        n = int(min(rng.integers(0, width + 1), (src >= 0).sum()))
+        t[r, c, :n], m[r, c, :n] = pt[0, :n], pm[0, :n]
+        if holes and n > 2:
+            t[r, c, n // 2] = m[r, c, n // 2] = np.inf
+    return t, m
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_union_of_sums_keeps_what_pruning_every_candidate_keeps(seed):
+    """_kernels.c's pareto_sum2 against prune_rows over every (c, i, j): the same points, and
+    among equal ones the same (lowest) back-pointer."""
+    fx = importlib.import_module("tensoropt.engine.factors")
+    lib = fx.kernels()
+    if lib is None:
+        pytest.skip("no C compiler")
+    rng = np.random.default_rng(seed)
+    rows, n_c, wf, wg = (int(x) for x in rng.integers(1, [5, 5, 12, 12]))
+    ties, holes, quantum = seed % 3 == 0, seed % 5 == 0, (0.0, 0.0, 0.0, 0.7)[seed % 4]
+    ft, fm = _frontier_lists(rng, rows, n_c, wf, ties, holes)
+    gt, gm = _frontier_lists(rng, rows, n_c, wg, ties, holes)
+    got = fx._sum_prune_native(lib, ft, fm, gt, gm, quantum)
+    want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
+                                 (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), quantum)
+    for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
+        w = max(a.shape[1], b.shape[1])
+        pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
+        assert np.array_equal(pad(a), pad(b))
+
+
+def test_compiled_and_numpy_sums_give_the_same_frontiers(monkeypatch):
+    fx = importlib.import_module("tensoropt.engine.factors")
+    if fx.kernels() is None:
+        pytest.skip("no C compiler")
+    graphs = [random_cost_graph(seed, max_assignments=4096, max_k=5) for seed in range(6)]
+    graphs += [transformer_graph(4, k_range=(3, 6), seed=2), residual_graph(12, k_range=(2, 5), seed=1)]
+    native = [solve(g) for g in graphs]
+    monkeypatch.setattr(fx, "kernels", lambda: None)
+    for g, a in zip(graphs, native):
+        assert_same_frontier(a.points, solve(g).points)
+        assert_assignments_exact(g, a)

@@ -437,3 +437,130 @@ int kd_fold(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
     free(sample.v); free(sample.src); free(kept.v); free(kept.src); free(keep); free(gr); ws_free(&w);
     return status;
 }
+
+/* ------------------------------------------------------------------------------------- */
+/* The engine's union of sums in (time, memory), for tensoropt.engine.factors.sum_prune.
+ * Row r of the result is the Pareto set of f[r, e, i] + g[r, e, j] over every (e, i, j)
+ * (f and g: rows x ne x w, each (e) list sorted by time with memory falling, inf-padded),
+ * each kept point's back-pointer (e * wf + i) * wg + j; among equal points the lowest
+ * back-pointer stays, as in pareto.prune_rows.
+ *
+ * Candidates are visited in back-pointer order and kept in a staircase of the points
+ * kept so far (time strictly rising, memory strictly falling). One that a staircase point
+ * is <= in both is dropped (that point came earlier), else it goes in and takes out the
+ * points it is <= in both. Along one f point's list, time rises and memory falls, so a
+ * dropped candidate at time t lets the walk jump, by bisection, to the first later one
+ * whose memory is below the staircase's memory at t: everything before it is dominated
+ * by the same staircase point. The jump needs a well-formed g list (finite prefix,
+ * sorted, inf after); other lists are walked one candidate at a time.
+ * out_t, out_m, out_src (rows x cap) get each row's points in time order, out_count
+ * their number. Returns 0, -1 when memory ran out, or 1 when a row held more than cap
+ * points (out_count then says how many). */
+
+typedef struct { double *t, *m; int64_t *s; int64_t n, cap; } stair2;
+
+static int stair2_reserve(stair2 *s, int64_t n) {
+    if (n <= s->cap) return 0;
+    int64_t cap = n > 2 * s->cap ? n : 2 * s->cap;
+    double *t = realloc(s->t, cap * sizeof(double));
+    if (t) s->t = t;
+    double *m = realloc(s->m, cap * sizeof(double));
+    if (m) s->m = m;
+    int64_t *src = realloc(s->s, cap * sizeof(int64_t));
+    if (src) s->s = src;
+    if (!t || !m || !src) return -1;
+    s->cap = cap;
+    return 0;
+}
+
+/* The least memory among staircase points no slower than t (inf when none). */
+static inline double stair2_below(const stair2 *s, double t) {
+    int64_t lo = 0, hi = s->n;            /* first index with time > t */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (s->t[mid] <= t) lo = mid + 1; else hi = mid;
+    }
+    return lo > 0 ? s->m[lo - 1] : INFINITY;
+}
+
+static int stair2_insert(stair2 *s, double t, double m, int64_t src) {
+    if (stair2_reserve(s, s->n + 1)) return -1;
+    int64_t lo = 0, hi = s->n;            /* first index with time >= t */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (s->t[mid] < t) lo = mid + 1; else hi = mid;
+    }
+    int64_t end = lo;                     /* the points the new one is <= in both */
+    while (end < s->n && s->m[end] >= m) end++;
+    int64_t shift = 1 - (end - lo);
+    if (shift != 0) {
+        memmove(s->t + end + shift, s->t + end, (s->n - end) * sizeof(double));
+        memmove(s->m + end + shift, s->m + end, (s->n - end) * sizeof(double));
+        memmove(s->s + end + shift, s->s + end, (s->n - end) * sizeof(int64_t));
+        s->n += shift;
+    }
+    s->t[lo] = t;
+    s->m[lo] = m;
+    s->s[lo] = src;
+    return 0;
+}
+
+/* Length of the finite prefix of a g list when the list is well formed, else -1. */
+static int64_t sorted_prefix(const double *t, const double *m, int64_t w) {
+    int64_t n = 0;
+    while (n < w && isfinite(t[n])) {
+        if (n > 0 && (t[n] < t[n - 1] || !(m[n] <= m[n - 1]))) return -1;
+        n++;
+    }
+    for (int64_t j = n; j < w; j++)
+        if (isfinite(t[j])) return -1;
+    return n;
+}
+
+int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
+                const double *ft, const double *fm, const double *gt, const double *gm,
+                int64_t cap, double *out_t, double *out_m, int64_t *out_src, int64_t *out_count)
+{
+    stair2 s = {0};
+    int status = 0;
+    if (stair2_reserve(&s, 64)) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        s.n = 0;
+        for (int64_t e = 0; e < ne; e++) {
+            const double *at = ft + (r * ne + e) * wf, *am = fm + (r * ne + e) * wf;
+            const double *bt = gt + (r * ne + e) * wg, *bm = gm + (r * ne + e) * wg;
+            int64_t len = sorted_prefix(bt, bm, wg);
+            for (int64_t i = 0; i < wf; i++) {
+                double a_t = at[i], a_m = am[i];
+                if (!isfinite(a_t)) continue;
+                int64_t base = (e * wf + i) * wg;
+                int64_t j = 0, end = len >= 0 ? len : wg;
+                while (j < end) {
+                    double b_t = bt[j];
+                    if (!isfinite(b_t)) { j++; continue; }
+                    double t = a_t + b_t, m = a_m + bm[j];
+                    double below = stair2_below(&s, t);
+                    if (!(m < below)) {
+                        if (len < 0) { j++; continue; }
+                        int64_t lo = j + 1, hi = end;   /* first later j with memory < below */
+                        while (lo < hi) {
+                            int64_t mid = (lo + hi) / 2;
+                            if (a_m + bm[mid] < below) hi = mid; else lo = mid + 1;
+                        }
+                        j = lo;
+                        continue;
+                    }
+                    if (stair2_insert(&s, t, m, base + j)) { free(s.t); free(s.m); free(s.s); return -1; }
+                    j++;
+                }
+            }
+        }
+        out_count[r] = s.n;
+        if (s.n > cap) { status = 1; continue; }
+        memcpy(out_t + r * cap, s.t, s.n * sizeof(double));
+        memcpy(out_m + r * cap, s.m, s.n * sizeof(double));
+        memcpy(out_src + r * cap, s.s, s.n * sizeof(int64_t));
+    }
+    free(s.t); free(s.m); free(s.s);
+    return status;
+}

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import memguard
-from .pareto import Staircase, _positions_in_rows, prune_rows, strictly_dominated
+from .native import kernels
+from .pareto import Staircase, _keep_one_per_cell, _positions_in_rows, prune_rows, strictly_dominated
 
 # Largest number of candidate points materialised at once before a combine is chunked.
 CHUNK_POINTS = 1 << 22
@@ -101,7 +102,9 @@ def combine(
     lead = out_dims[0] if out_dims else 1
     # What a chunk materialises: every candidate for dense sums, the two operands and the
     # segment pairs' ideal points for block-pruned ones (see sum_prune).
-    if points_per_row >= BLOCK_MIN_POINTS:
+    if kernels() is not None:
+        points_per_row = min(points_per_row, _native_cap(n_elim, wf, wg))
+    elif points_per_row >= BLOCK_MIN_POINTS:
         points_per_row = n_elim * (8 * (wf + wg) + (wf // _SEG_F + 1) * (wg // _SEG_G + 1))
     per_lead = max(rows // max(lead, 1), 1) * points_per_row
     step = max(1, CHUNK_POINTS // max(per_lead, 1))
@@ -143,9 +146,14 @@ def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     memory of the pair) is strictly dominated by the row's *supported* points — the optima
     of a few weighted sums ``t + λ m``, which separate over ``f`` and ``g`` and so cost
     O(wf + wg) per ``c`` and weight. Skipped pairs hold only dominated points: exact.
+    With the compiled kernels (``native.py``) the sum is ``_kernels.c``'s ``pareto_sum2``,
+    which gives the same points; among exactly equal ones it keeps the lowest ``src``.
     """
     rows, n_c, wf = f_t.shape
     wg = g_t.shape[2]
+    lib = kernels()
+    if lib is not None:
+        return _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum)
     if n_c * wf * wg < BLOCK_MIN_POINTS or wf < 2 * _SEG_F:
         t = (f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1)
         m = (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1)
@@ -178,6 +186,46 @@ def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), quantum, prefilter=PREFILTER_SURVIVORS)
     src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
     return pt, pm, src
+
+
+def _native_cap(n_c: int, wf: int, wg: int) -> int:
+    # Room per row for the result: a sum of two frontiers rarely keeps more points than
+    # both hold together; a row that does makes the kernel say so, and it runs again.
+    return min(n_c * wf * wg, n_c * (wf + wg) + 64)
+
+
+def _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum: float):
+    rows, n_c, wf = f_t.shape
+    wg = g_t.shape[2]
+    args = [np.ascontiguousarray(a, dtype=np.float64) for a in (f_t, f_m, g_t, g_m)]
+    cap = _native_cap(n_c, wf, wg)
+    count = np.zeros(rows, dtype=np.int64)
+    while True:
+        t = np.empty((rows, max(cap, 1)))
+        m = np.empty((rows, max(cap, 1)))
+        src = np.empty((rows, max(cap, 1)), dtype=np.int64)
+        status = lib.pareto_sum2(rows, n_c, wf, wg, *(a.ctypes.data for a in args), cap,
+                                 t.ctypes.data, m.ctypes.data, src.ctypes.data, count.ctypes.data)
+        if status < 0:
+            raise MemoryError("pareto_sum2: out of memory")
+        if status == 0:
+            break
+        cap = int(count.max())
+        memguard.check()
+    width = max(int(count.max(initial=0)), 1)
+    t, m, src = t[:, :width], m[:, :width], src[:, :width]
+    pad = np.arange(width)[None, :] >= count[:, None]
+    t[pad], m[pad], src[pad] = np.inf, np.inf, -1
+    if quantum > 0:
+        keep = _keep_one_per_cell(m, ~pad, quantum)
+        r, c = np.nonzero(keep)
+        pos = _positions_in_rows(r, rows)
+        w = max(int(pos.max(initial=-1)) + 1, 1)
+        out = [np.full((rows, w), fill, dtype=a.dtype) for a, fill in ((t, np.inf), (m, np.inf), (src, -1))]
+        for o, a in zip(out, (t, m, src)):
+            o[r, pos] = a[r, c]
+        t, m, src = out
+    return t, m, src
 
 
 def _refine(r, rows, f_t, f_m, g_t, g_m):

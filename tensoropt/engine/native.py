@@ -70,6 +70,8 @@ def _load():
     lib.kd_combine.restype = ctypes.c_int
     lib.kd_fold.argtypes = [i64, i64, i64, i64, p, p, p, p, p, p, c_int, c_int, ctypes.c_double, i64, p, p, p]
     lib.kd_fold.restype = ctypes.c_int
+    lib.pareto_sum2.argtypes = [i64, i64, i64, i64, p, p, p, p, i64, p, p, p, p]
+    lib.pareto_sum2.restype = ctypes.c_int
     return lib
 
 
