@@ -59,7 +59,7 @@ def prune_rows(
         keep = cand & (order == low)
     keep &= np.isfinite(ts)
     if quantum > 0:
-        keep = _keep_one_per_cell(ms, keep, quantum)
+        keep = keep_one_per_cell(ms, keep, quantum)
     return _compact(keep, ts, ms, order)
 
 
@@ -150,7 +150,7 @@ def _prefilter(t: np.ndarray, m: np.ndarray):
     return out_t, out_m, cols
 
 
-def _keep_one_per_cell(ms: np.ndarray, keep: np.ndarray, quantum: float) -> np.ndarray:
+def keep_one_per_cell(ms: np.ndarray, keep: np.ndarray, quantum: float) -> np.ndarray:
     # Along a pruned row memory strictly falls, so cells never rise: keep a point when its
     # cell differs from the cell of the previous kept point.
     with np.errstate(divide="ignore", invalid="ignore"):
