@@ -40,8 +40,9 @@ def test_frontier_is_strictly_pareto(gpt_frontier):
 
 
 def test_no_plan_is_dominated_in_time_and_peak_memory():
-    """Pipelines included: every plan returned is Pareto-optimal among them in (time, peak)."""
-    f = tensoropt.frontier("gpt-tiny", "8xA100-80GB", progress=False)
+    """Pipelines included: every plan returned is Pareto-optimal among them in (time, peak)
+    (meshes up to 2-D: the merge across meshes is what is tested, and 3-D ones triple the time)."""
+    f = tensoropt.frontier("gpt-tiny", "8xA100-80GB", max_mesh_dims=2, progress=False)
     assert any(p.stages for p in f.plans) and any(p.recompute for p in f.plans)
     pts = [(p.time_s, p.peak_memory_bytes) for p in f.plans]
     for i, (t, m) in enumerate(pts):
