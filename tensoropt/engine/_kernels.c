@@ -452,7 +452,8 @@ int kd_fold(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
  * dropped candidate at time t lets the walk jump, by bisection, to the first later one
  * whose memory is below the staircase's memory at t: everything before it is dominated
  * by the same staircase point. The jump needs a well-formed g list (finite prefix,
- * sorted, inf after); other lists are walked one candidate at a time.
+ * sorted, inf after); other lists are walked one candidate at a time. A whole e goes
+ * when the staircase already dominates its ideal point (least time, least memory).
  * out_t, out_m, out_src (rows x cap) get each row's points in time order, out_count
  * their number. Returns 0, -1 when memory ran out, or 1 when a row held more than cap
  * points (out_count then says how many). */
@@ -530,6 +531,13 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
             const double *at = ft + (r * ne + e) * wf, *am = fm + (r * ne + e) * wf;
             const double *bt = gt + (r * ne + e) * wg, *bm = gm + (r * ne + e) * wg;
             int64_t len = sorted_prefix(bt, bm, wg);
+            /* every candidate of this e is no faster and no leaner than its ideal point */
+            double lo_t = INFINITY, lo_m = INFINITY, lo_bt = INFINITY, lo_bm = INFINITY;
+            for (int64_t i = 0; i < wf; i++)
+                if (isfinite(at[i])) { lo_t = fmin(lo_t, at[i]); lo_m = fmin(lo_m, am[i]); }
+            for (int64_t j = 0; j < wg; j++)
+                if (isfinite(bt[j])) { lo_bt = fmin(lo_bt, bt[j]); lo_bm = fmin(lo_bm, bm[j]); }
+            if (!isfinite(lo_t) || !isfinite(lo_bt) || !(lo_m + lo_bm < stair2_below(&s, lo_t + lo_bt))) continue;
             for (int64_t i = 0; i < wf; i++) {
                 double a_t = at[i], a_m = am[i];
                 if (!isfinite(a_t)) continue;
