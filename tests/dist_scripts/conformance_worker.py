@@ -125,6 +125,7 @@ def run_case(case: str, world: int, plans: str) -> dict:
             "buffers_max_rel": max(b_errs.values(), default=0.0),
             "buffers_worst": max(b_errs, key=b_errs.get) if b_errs else None,
             "peak_bytes": int(peak.item()), "predicted_peak_bytes": plan.peak_memory_bytes,
+            "peak_by_category": mem.get("by_category"),
             "seconds": {"reference": t1 - t0, "parallelize": t2 - t1, "steps": time.perf_counter() - t2}}
 
 
