@@ -21,9 +21,11 @@ whole graph. Where each step lives:
    fan-outs; within a step, factors on the same nodes merge first (edge elimination,
    ``elimination.combine_order``), carried out by :func:`_run`;
 3. fold, keeping back-pointers (``factors.combine``). The union-of-sums at its heart,
-   ``∪_c f(s, c) ⊕ g(s, c)``, is ``factors.sum_prune``: wide sums skip segment pairs
-   whose ideal point is strictly dominated by real candidates, then prune the rest with
-   ``pareto.prune_rows`` (one sort by time, ties resolved without sorting);
+   ``∪_c f(s, c) ⊕ g(s, c)``, is ``factors.sum_prune``: compiled (``_kernels.c``,
+   ``pareto_sum2``: each row's candidates into a staircase, dominated runs skipped by
+   bisection), or in numpy, where wide sums skip segment pairs whose ideal point is
+   strictly dominated by real candidates, then prune the rest with ``pareto.prune_rows``
+   (one sort by time, ties resolved without sorting);
 4. repeated blocks (``blocks.chain_layout``): one block's transfer factor
    ``A(x_{k-1}, x_k)`` is solved once (the template), then folded in block by block,
    ``V_k(x_k) = ∪_{x_{k-1}} V_{k-1}(x_{k-1}) ⊕ A(x_{k-1}, x_k)`` with ``V_0`` the
