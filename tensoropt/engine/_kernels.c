@@ -46,39 +46,51 @@ static void sort_indices(int64_t *a, int64_t *tmp, int64_t n, const sort_ctx *c)
     }
 }
 
-/* Staircase of (u, w) pairs: u strictly ascending, w strictly descending. */
-typedef struct { double *u, *w; int64_t n; } stair;
+/* Staircase of (u, w) pairs: u strictly ascending, w strictly descending; s, when not
+ * NULL, holds a back-pointer per pair. Its arrays have room for every pair inserted. */
+typedef struct { double *u, *w; int64_t *s; int64_t n; } stair;
 
-/* Whether some staircase pair has u' <= u and w' <= w. */
-static int stair_covers(const stair *s, double u, double w) {
-    int64_t lo = 0, hi = s->n;            /* first index with u' > u */
+/* The first index with u' > u. */
+static inline int64_t stair_after(const stair *s, double u) {
+    int64_t lo = 0, hi = s->n;
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
         if (s->u[mid] <= u) lo = mid + 1; else hi = mid;
     }
+    return lo;
+}
+
+/* The least w among pairs with u' <= u (inf when none). */
+static inline double stair_below(const stair *s, double u) {
+    int64_t lo = stair_after(s, u);
+    return lo > 0 ? s->w[lo - 1] : INFINITY;
+}
+
+/* Whether some staircase pair has u' <= u and w' <= w. */
+static int stair_covers(const stair *s, double u, double w) {
+    int64_t lo = stair_after(s, u);
     return lo > 0 && s->w[lo - 1] <= w;
 }
 
-static void stair_insert(stair *s, double u, double w) {
+/* Insert (u, w), not covered by any pair, taking out the pairs it is <= in both. */
+static void stair_insert(stair *s, double u, double w, int64_t src) {
     int64_t lo = 0, hi = s->n;            /* first index with u' >= u */
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
         if (s->u[mid] < u) lo = mid + 1; else hi = mid;
     }
-    int64_t end = lo;                     /* pairs the new one covers: u' >= u and w' >= w */
+    int64_t end = lo;
     while (end < s->n && s->w[end] >= w) end++;
-    int64_t removed = end - lo;
-    if (removed == 0) {
-        memmove(s->u + lo + 1, s->u + lo, (s->n - lo) * sizeof(double));
-        memmove(s->w + lo + 1, s->w + lo, (s->n - lo) * sizeof(double));
-        s->n++;
-    } else if (removed > 1) {
-        memmove(s->u + lo + 1, s->u + end, (s->n - end) * sizeof(double));
-        memmove(s->w + lo + 1, s->w + end, (s->n - end) * sizeof(double));
-        s->n -= removed - 1;
+    int64_t shift = 1 - (end - lo);       /* one in, end - lo out */
+    if (shift != 0) {
+        memmove(s->u + end + shift, s->u + end, (s->n - end) * sizeof(double));
+        memmove(s->w + end + shift, s->w + end, (s->n - end) * sizeof(double));
+        if (s->s) memmove(s->s + end + shift, s->s + end, (s->n - end) * sizeof(int64_t));
+        s->n += shift;
     }
     s->u[lo] = u;
     s->w[lo] = w;
+    if (s->s) s->s[lo] = src;
 }
 
 typedef struct {
@@ -122,7 +134,7 @@ static int64_t prune_row(const double *v, int64_t n, int k, int group, workspace
     sort_indices(idx, kept, m, &ctx);
     int64_t nk = 0, group_start = 0;
     double best = INFINITY;
-    stair s = {w->su, w->sw, 0};
+    stair s = {w->su, w->sw, NULL, 0};
     for (int64_t a = 0; a < m; a++) {
         const double *p = v + idx[a] * k;
         if (group >= 0 && a > 0 && p[group] != v[idx[a - 1] * k + group]) {
@@ -136,7 +148,7 @@ static int64_t prune_row(const double *v, int64_t n, int k, int group, workspace
             if (!dominated) best = p[c1];
         } else if (dims == 3) {
             dominated = stair_covers(&s, p[c1], p[c2]);
-            if (!dominated) stair_insert(&s, p[c1], p[c2]);
+            if (!dominated) stair_insert(&s, p[c1], p[c2], 0);
         } else {
             /* A dominating point is also <= in (c1, c2): where no kept point is, skip the scan. */
             int covered = stair_covers(&s, p[c1], p[c2]);
@@ -149,7 +161,7 @@ static int64_t prune_row(const double *v, int64_t n, int k, int group, workspace
                     dominated = le;
                 }
             } else {
-                stair_insert(&s, p[c1], p[c2]);
+                stair_insert(&s, p[c1], p[c2], 0);
             }
         }
         if (!dominated) kept[nk++] = idx[a];
@@ -445,8 +457,8 @@ int kd_fold(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
  * each kept point's back-pointer (e * wf + i) * wg + j; among equal points the lowest
  * back-pointer stays, as in pareto.prune_rows.
  *
- * Candidates are visited in back-pointer order and kept in a staircase of the points
- * kept so far (time strictly rising, memory strictly falling). One that a staircase point
+ * Candidates are visited in back-pointer order and kept in a staircase (time, memory) of
+ * the points kept so far (time strictly rising, memory strictly falling). One that a staircase point
  * is <= in both is dropped (that point came earlier), else it goes in and takes out the
  * points it is <= in both. Along one f point's list, time rises and memory falls, so a
  * dropped candidate at time t lets the walk jump, by bisection, to the first later one
@@ -458,51 +470,11 @@ int kd_fold(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
  * their number. Returns 0, -1 when memory ran out, or 1 when a row held more than cap
  * points (out_count then says how many). */
 
-typedef struct { double *t, *m; int64_t *s; int64_t n, cap; } stair2;
-
-static int stair2_reserve(stair2 *s, int64_t n) {
-    if (n <= s->cap) return 0;
-    int64_t cap = n > 2 * s->cap ? n : 2 * s->cap;
-    double *t = realloc(s->t, cap * sizeof(double));
-    if (t) s->t = t;
-    double *m = realloc(s->m, cap * sizeof(double));
-    if (m) s->m = m;
-    int64_t *src = realloc(s->s, cap * sizeof(int64_t));
-    if (src) s->s = src;
-    if (!t || !m || !src) return -1;
-    s->cap = cap;
-    return 0;
-}
-
-/* The least memory among staircase points no slower than t (inf when none). */
-static inline double stair2_below(const stair2 *s, double t) {
-    int64_t lo = 0, hi = s->n;            /* first index with time > t */
-    while (lo < hi) {
-        int64_t mid = (lo + hi) / 2;
-        if (s->t[mid] <= t) lo = mid + 1; else hi = mid;
-    }
-    return lo > 0 ? s->m[lo - 1] : INFINITY;
-}
-
-static int stair2_insert(stair2 *s, double t, double m, int64_t src) {
-    if (stair2_reserve(s, s->n + 1)) return -1;
-    int64_t lo = 0, hi = s->n;            /* first index with time >= t */
-    while (lo < hi) {
-        int64_t mid = (lo + hi) / 2;
-        if (s->t[mid] < t) lo = mid + 1; else hi = mid;
-    }
-    int64_t end = lo;                     /* the points the new one is <= in both */
-    while (end < s->n && s->m[end] >= m) end++;
-    int64_t shift = 1 - (end - lo);
-    if (shift != 0) {
-        memmove(s->t + end + shift, s->t + end, (s->n - end) * sizeof(double));
-        memmove(s->m + end + shift, s->m + end, (s->n - end) * sizeof(double));
-        memmove(s->s + end + shift, s->s + end, (s->n - end) * sizeof(int64_t));
-        s->n += shift;
-    }
-    s->t[lo] = t;
-    s->m[lo] = m;
-    s->s[lo] = src;
+/* The staircase on a workspace's arrays (su, sw, and kept for back-pointers), with room
+ * for one more pair. */
+static int stair_room(stair *s, workspace *w) {
+    if (ws_reserve(w, s->n + 1)) return -1;
+    s->u = w->su; s->w = w->sw; s->s = w->kept;
     return 0;
 }
 
@@ -522,9 +494,11 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                 const double *ft, const double *fm, const double *gt, const double *gm,
                 int64_t cap, double *out_t, double *out_m, int64_t *out_src, int64_t *out_count)
 {
-    stair2 s = {0};
+    workspace w = {0};
+    stair s = {0};
     int status = 0;
-    if (stair2_reserve(&s, 64)) return -1;
+    if (ws_reserve(&w, 64)) return -1;
+    stair_room(&s, &w);
     for (int64_t r = 0; r < rows; r++) {
         s.n = 0;
         for (int64_t e = 0; e < ne; e++) {
@@ -537,7 +511,7 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                 if (isfinite(at[i])) { lo_t = fmin(lo_t, at[i]); lo_m = fmin(lo_m, am[i]); }
             for (int64_t j = 0; j < wg; j++)
                 if (isfinite(bt[j])) { lo_bt = fmin(lo_bt, bt[j]); lo_bm = fmin(lo_bm, bm[j]); }
-            if (!isfinite(lo_t) || !isfinite(lo_bt) || !(lo_m + lo_bm < stair2_below(&s, lo_t + lo_bt))) continue;
+            if (!isfinite(lo_t) || !isfinite(lo_bt) || !(lo_m + lo_bm < stair_below(&s, lo_t + lo_bt))) continue;
             for (int64_t i = 0; i < wf; i++) {
                 double a_t = at[i], a_m = am[i];
                 if (!isfinite(a_t)) continue;
@@ -547,7 +521,7 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                     double b_t = bt[j];
                     if (!isfinite(b_t)) { j++; continue; }
                     double t = a_t + b_t, m = a_m + bm[j];
-                    double below = stair2_below(&s, t);
+                    double below = stair_below(&s, t);
                     if (!(m < below)) {
                         if (len < 0) { j++; continue; }
                         int64_t lo = j + 1, hi = end;   /* first later j with memory < below */
@@ -558,17 +532,18 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                         j = lo;
                         continue;
                     }
-                    if (stair2_insert(&s, t, m, base + j)) { free(s.t); free(s.m); free(s.s); return -1; }
+                    if (stair_room(&s, &w)) { ws_free(&w); return -1; }
+                    stair_insert(&s, t, m, base + j);
                     j++;
                 }
             }
         }
         out_count[r] = s.n;
         if (s.n > cap) { status = 1; continue; }
-        memcpy(out_t + r * cap, s.t, s.n * sizeof(double));
-        memcpy(out_m + r * cap, s.m, s.n * sizeof(double));
+        memcpy(out_t + r * cap, s.u, s.n * sizeof(double));
+        memcpy(out_m + r * cap, s.w, s.n * sizeof(double));
         memcpy(out_src + r * cap, s.s, s.n * sizeof(int64_t));
     }
-    free(s.t); free(s.m); free(s.s);
+    ws_free(&w);
     return status;
 }

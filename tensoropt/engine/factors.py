@@ -20,7 +20,7 @@ import numpy as np
 
 from . import memguard
 from .native import kernels
-from .pareto import Staircase, keep_one_per_cell, _positions_in_rows, prune_rows, strictly_dominated
+from .pareto import Staircase, _positions_in_rows, compact, keep_one_per_cell, prune_rows, strictly_dominated
 
 # Largest number of candidate points materialised at once before a combine is chunked.
 CHUNK_POINTS = 1 << 22
@@ -217,14 +217,7 @@ def _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum: float):
     pad = np.arange(width)[None, :] >= count[:, None]
     t[pad], m[pad], src[pad] = np.inf, np.inf, -1
     if quantum > 0:
-        keep = keep_one_per_cell(m, ~pad, quantum)
-        r, c = np.nonzero(keep)
-        pos = _positions_in_rows(r, rows)
-        w = max(int(pos.max(initial=-1)) + 1, 1)
-        out = [np.full((rows, w), fill, dtype=a.dtype) for a, fill in ((t, np.inf), (m, np.inf), (src, -1))]
-        for o, a in zip(out, (t, m, src)):
-            o[r, pos] = a[r, c]
-        t, m, src = out
+        return compact(keep_one_per_cell(m, ~pad, quantum), t, m, src)
     return t, m, src
 
 

@@ -60,10 +60,12 @@ def prune_rows(
     keep &= np.isfinite(ts)
     if quantum > 0:
         keep = keep_one_per_cell(ms, keep, quantum)
-    return _compact(keep, ts, ms, order)
+    return compact(keep, ts, ms, order)
 
 
-def _compact(keep: np.ndarray, ts: np.ndarray, ms: np.ndarray, order: np.ndarray):
+def compact(keep: np.ndarray, ts: np.ndarray, ms: np.ndarray, order: np.ndarray):
+    """The ``keep`` points of each row moved to its front, in order, as ``(t, m, src)``
+    (``src``: their ``order`` values); the rest inf and -1."""
     r, c = np.nonzero(keep)
     pos = _positions_in_rows(r, keep.shape[0])
     new_width = max(int(pos.max(initial=-1)) + 1, 1)
