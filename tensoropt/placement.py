@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable, Union
 
 __all__ = ["Shard", "Replicate", "Partial", "Placement", "REPLICATE", "PARTIAL", "parse_placement",
-           "parse_placements", "format_placements"]
+           "parse_placements", "format_placements", "zero_storage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +71,30 @@ def parse_placements(text: str) -> tuple[Placement, ...]:
 
 def format_placements(placements: Iterable[Placement]) -> str:
     return ",".join(str(p) for p in placements)
+
+
+def zero_storage(want: Iterable[Placement], partial: Iterable[bool], shape: Iterable[int],
+                 mesh_shape: Iterable[int]) -> tuple[tuple[Placement, ...], tuple[int, ...]]:
+    """How ZeRO stores a parameter (whole ``shape``) that its operator uses in layout
+    ``want``: on every axis of more than one device where the parameter is replicated while
+    its gradient arrives as partial sums (a data-parallel axis), sharded along the first
+    dimension that no later axis shards and that still splits evenly (DTensor nests the
+    shards of one dimension in mesh-axis order, so sharding one a later axis shards too would
+    gather the whole tensor to undo). Returns the stored layout and the axes ZeRO shards."""
+    want, partial, mesh_shape = list(want), list(partial), list(mesh_shape)
+    local = list(shape)
+    for a, pl in enumerate(want):
+        if isinstance(pl, Shard):
+            local[pl.dim] //= mesh_shape[a]
+    axes = []
+    for a, n in enumerate(mesh_shape):
+        if not (partial[a] and n > 1 and isinstance(want[a], Replicate)):
+            continue
+        later = {p.dim for b, p in enumerate(want) if isinstance(p, Shard) and b > a}
+        d = next((d for d in range(len(local)) if d not in later and local[d] % n == 0), None)
+        if d is None:
+            continue
+        local[d] //= n
+        want[a] = Shard(d)
+        axes.append(a)
+    return tuple(want), tuple(axes)

@@ -76,14 +76,6 @@ def is_skipped(n: fx.Node) -> bool:
         tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
 
 
-def _zero_dims(placements: list[planned.Placement], axis: int, ndim: int) -> list[int]:
-    """Tensor dims ZeRO may shard over mesh ``axis``: those no later axis shards. DTensor nests
-    the shards of one dim in mesh-axis order, so undoing this axis' shard of a dim that a later
-    axis shards too gathers the whole tensor and slices it again."""
-    later = {p.dim for b, p in enumerate(placements) if isinstance(p, planned.Shard) and b > axis}
-    return [d for d in range(ndim) if d not in later]
-
-
 @dataclass
 class Step:
     kind: str                        # "node" | "op" | "segment"
@@ -214,24 +206,11 @@ class ProgramRunner:
                 if pname is None or pname in seen or pname not in params:
                     continue
                 seen.add(pname)
-                want = list(self.layout.param_placements[pname])
-                axes = []
-                pshape = list(params[pname].shape)
-                for a, pl in enumerate(want):
-                    if isinstance(pl, planned.Shard):
-                        pshape[pl.dim] //= shape[a]
-                for a in range(len(shape)):
-                    if not (o.grad_partial[j][a] and shape[a] > 1 and isinstance(want[a], planned.Replicate)):
-                        continue
-                    d = next((d for d in _zero_dims(want, a, len(pshape)) if pshape[d] % shape[a] == 0), None)
-                    if d is None:
-                        continue
-                    pshape[d] //= shape[a]
-                    want[a] = planned.Shard(d)
-                    axes.append(a)
+                want, axes = planned.zero_storage(self.layout.param_placements[pname], o.grad_partial[j],
+                                                  params[pname].shape, shape)
                 if axes:
-                    self.zero_axes[pname] = tuple(axes)
-                    self.storage[pname] = tuple(want)
+                    self.zero_axes[pname] = axes
+                    self.storage[pname] = want
 
     # ---------------------------------------------------------------- running
 
