@@ -129,9 +129,14 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
-        if pname is None or not owns_params:
+        if pname is None:
             continue
         local_numel = spec.numel / cfg.shards(t, shape)
+        if not owns_params:
+            # a tied parameter used again: its state is charged at the first user, but this
+            # use's gradient is a buffer of its own before it is added to the kept one
+            fresh += bg * local_numel
+            continue
         # Axes where this parameter is replicated while the operator splits another label:
         # its gradient ends the step as partial sums there (data parallelism).
         data_axes = [a for a, s in enumerate(cfg.splits) if s is not None and s not in t]

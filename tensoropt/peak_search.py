@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -79,9 +80,12 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     found = None
     for name, g in graphs:
         try:
-            found = solve_peak(g if g is not None else pm.block(), epsilon=epsilon,
-                               time_limit_s=_left(deadline), max_candidates=max_candidates,
-                               max_factor_bytes=MAX_FACTOR_BYTES)
+            if name == "exact" and pm.parts:
+                found = _solve_parts(pm, epsilon, deadline, max_candidates)
+            else:
+                found = solve_peak(g if g is not None else pm.block(), epsilon=epsilon,
+                                   time_limit_s=_left(deadline), max_candidates=max_candidates,
+                                   max_factor_bytes=MAX_FACTOR_BYTES)
         except SearchTooLarge as err:
             stats["tried"].append(f"{name}: {err}")
             continue
@@ -104,6 +108,19 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     keep = kd_prune(priced[None, :, [0, 2]])[0]
     keep = keep[keep >= 0]
     return PeakSolution(pm, priced[keep, 0], priced[keep, 1], priced[keep, 2], a[keep], stats)
+
+
+def _solve_parts(pm: PeakModel, epsilon: float, deadline: float | None, max_candidates: float):
+    """The exact search as one search per class of a tied parameter's first user
+    (``PeakModel.parts``), assignments mapped back to that operator's configurations."""
+    found = []
+    for v, sub, g in pm.parts:
+        part = solve_peak(g, epsilon=epsilon, time_limit_s=_left(deadline), max_candidates=max_candidates,
+                          max_factor_bytes=MAX_FACTOR_BYTES)
+        a = part.assignments.copy()
+        a[:, v] = sub[a[:, v]]
+        found.append(a)
+    return SimpleNamespace(assignments=np.concatenate(found, axis=0))
 
 
 def _left(deadline: float | None) -> float | None:

@@ -18,6 +18,10 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   user, and the gradient of the unit's output and of those pending beyond it;
 * for FSDP2 ``replicate`` plans (data parallel without ZeRO), the unsharded parameter copy
   and the gradients already reduced (measured on CPU/gloo: neither is released early).
+* a tied parameter's copy that a later user works on in a layout other than the stored
+  one (``traffic.tied_copy``), kept from forward to that user's backward (under ZeRO-3
+  gathered again for it): a term over both users' configurations, whose operators are far
+  apart; the block graph takes it at the first user's configuration that makes it largest.
 
 The ``replicate`` holdings depend on the whole plan running that way, so those plans (one
 configuration per operator: the batch split on every axis) get a graph of their own and
@@ -66,6 +70,10 @@ class PeakModel:
     replicate_configs: np.ndarray | None     # (n_ops,) configuration index per operator
     n_ops: int
     build_block: Callable[[], PeakGraph] | None = None
+    # the exact graph split by the classes of a tied parameter's first user (configurations
+    # that store it alike): (that operator, its configurations in the class, the graph where
+    # it takes only those), whose searches together are the exact one; () when not split
+    parts: tuple = ()
 
     @property
     def search_is_exact(self) -> bool:
@@ -120,9 +128,26 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
         exclude += [np.ones(2, dtype=bool) for _ in problem.units]
     exact = _build(problem, graph, microbatches, fine=True, exclude=exclude)
     block = partial(_build, problem, graph, microbatches, fine=False, exclude=exclude)
-    search = exact if _widest_cut(exact) <= exact_rows else block()
+    parts = tuple((f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub}))
+                  for f, sub in _tied_classes(problem))
+    widest = max(_widest_cut(g) for _, _, g in parts) if parts else _widest_cut(exact)
+    search = exact if widest <= exact_rows else block()
     only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
-    return PeakModel(exact, search, only, rep, n_ops, block)
+    return PeakModel(exact, search, only, rep, n_ops, block, parts if search is exact else ())
+
+
+def _tied_classes(problem: MeshProblem) -> list[tuple[int, np.ndarray]]:
+    """The classes of a tied parameter's first user: its configurations whose copies at the
+    later user are alike (they store the parameter alike). Given the class, the copy depends
+    on the later user alone, so the exact search need not carry the first user's
+    configuration across the whole model. Only for one tied parameter used again once."""
+    if len(problem.tied_copies) != 1:
+        return []
+    f, _, held, again = problem.tied_copies[0]
+    classes: dict[bytes, list[int]] = {}
+    for a in range(held.shape[0]):
+        classes.setdefault(held[a].tobytes() + again[a].tobytes(), []).append(a)
+    return [(f, np.array(c, dtype=np.int64)) for c in classes.values()]
 
 
 def _widest_cut(g: PeakGraph) -> int:
@@ -185,6 +210,7 @@ class _Terms:
     extra: list | None   # replicate: what FSDP2 holds while each operator runs backward
     unit_input: list
     skips: tuple
+    tied: dict = field(default_factory=dict)     # later user -> (scope, held, regathered), exact graph
     _by_unit: dict = field(default_factory=dict)
 
     def pending(self, p: int) -> list[int]:
@@ -212,10 +238,11 @@ class _Terms:
 
 
 def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np.ndarray | None = None,
-           exclude=None, replicate: bool = False) -> PeakGraph:
+           exclude=None, replicate: bool = False, restrict: dict | None = None) -> PeakGraph:
     """One peak graph: ``fine`` the exact one, else the block graph. ``fixed``: per operator
     the one configuration it keeps (the replicate graph). ``replicate``: price FSDP2
-    ``replicate``'s holdings (every plan of the graph runs that way)."""
+    ``replicate``'s holdings (every plan of the graph runs that way). ``restrict``: operator ->
+    the configurations it may take (a tied first user's class, ``_tied_classes``)."""
     n_ops = len(problem.configs)
     n_units = len(problem.units)
     cg = problem.cost_graph
@@ -224,6 +251,11 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     if fixed is not None:
         pick = [np.array([fixed[i]]) for i in range(n_ops)] + [np.arange(2) for _ in range(n_units)]
         ks = [1] * n_ops + [2] * n_units
+    for v, sub in (restrict or {}).items():
+        pick[v] = pick[v][sub]
+        ks[v] = len(sub)
+        if exclude is not None:
+            exclude = [e[sub] if u == v else e for u, e in enumerate(exclude)]
 
     def cut(scope, table):
         return table[np.ix_(*[pick[v] for v in scope])] if scope else table
@@ -237,13 +269,29 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     for s, d in moves:
         into.setdefault(d, []).append((s, d))
     act = [a[pick[i]] for i, a in enumerate(act_of)]
+    trans = [t[pick[i]] for i, t in enumerate(trans_of)]
+    tied = {}
+    for f, i, held, again in problem.tied_copies:
+        held, again = cut((f, i), held), cut((f, i), again)
+        scope = (f, i)
+        if f in (restrict or {}):          # alike over the class: the later user's alone
+            scope, held, again = (i,), held[0], again[0]
+        if fine:
+            tied[i] = (scope, held, again)
+            additive.append(Term(scope, np.stack([np.zeros_like(held), problem.activation_factor * held], axis=-1)))
+        else:
+            # the block graph: at the first user's configuration that makes the largest copy
+            act[i] = act[i] + held.max(axis=0)
+            trans[i] = trans[i] + again.max(axis=0)
+            additive.append(Term((i,), np.stack([np.zeros(len(act[i])), problem.activation_factor * held.max(axis=0)],
+                                                axis=-1)))
     grads = [np.array([c.grad_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
-    terms = _Terms(act, [t[pick[i]] for i, t in enumerate(trans_of)], [o[pick[i]] for i, o in enumerate(out_of)],
+    terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)],
                    [r[pick[i]] for i, r in enumerate(reg_of)], moves, into,
                    _replicate_extra(grads, params) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
-                   problem.skips)
+                   problem.skips, tied)
     groups = _groups(problem, graph)
     regions, units = [], []
     for ops, mode in groups:
@@ -275,6 +323,9 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
         zero = np.zeros_like(tm.act[p])
         m, held = _mode_pair(mode, tm.act[p], zero)
         kinds["held"].append(Term(m + (p,), held))
+        copy = tm.tied.get(p)
+        if copy is not None:      # kept in either mode: a tied use inside a recomputed unit is rare
+            kinds["held"].append(Term(copy[0], copy[1]))
         if mode is not None:
             kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
             if p == first:
@@ -283,7 +334,9 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
                 kinds["held"].append(Term((mode, p), np.stack([np.zeros_like(u), u])))
         extra = tm.extra[p] if tm.extra is not None else 0.0
         # p's backward, beside the gradients pending through it
-        kinds["local"].append(_sum([Term((p,), tm.trans[p] + extra)] + [Term((s,), tm.out[s]) for s in tm.pending(p)]))
+        again = [Term(copy[0], copy[2])] if copy is not None and copy[2].any() else []
+        kinds["local"].append(_sum([Term((p,), tm.trans[p] + extra)] + again
+                                   + [Term((s,), tm.out[s]) for s in tm.pending(p)]))
         # a layout move's backward after p's: p's activations freed, no gradient pending
         for s, d in tm.into.get(p, ()):
             kinds["local"].append(Term((s, p), tm.moves[(s, d)][0] - tm.act[p][None, :] + extra))

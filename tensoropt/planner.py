@@ -28,7 +28,7 @@ from .engine import CostGraph
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, enumerate_configs
-from .traffic import owners, tied_use_moves, tied_uses
+from .traffic import owners, tied_copy, tied_use_moves, tied_uses
 
 __all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops"]
 
@@ -52,6 +52,10 @@ class MeshProblem:
     # per operator: the share of its parameters' bytes that a later operator uses too (tied
     # weights); its backward's gradient of them is added to the one already there
     tied_share: tuple = ()
+    # (first user, later user, held, regathered): K_first x K_later bytes of the copy of a tied
+    # parameter its later user works on (``traffic.tied_copy``), kept from forward to its
+    # backward, or under ZeRO-3 gathered again for it
+    tied_copies: tuple = ()
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -179,8 +183,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edges.append((node, i, table))
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
+    copies = _tied_copies(graph, configs, mesh, cost_model, zero_stage)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
-                       activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph))
+                       activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
+                       copies)
 
 
 def _tied_share(graph: OpGraph) -> tuple[float, ...]:
@@ -195,8 +201,29 @@ def _tied_share(graph: OpGraph) -> tuple[float, ...]:
     return tuple(out)
 
 
-
-
+def _tied_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, zero_stage: int) -> tuple:
+    """Per later use of a tied parameter: (first user, later user, held, regathered), the
+    bytes of the copy it works on over both users' configurations (``traffic.tied_copy``);
+    only the uses where some pair of configurations makes one."""
+    first: dict[str, tuple[int, int]] = {}
+    for i, op in enumerate(graph.operators):
+        for k, p in enumerate(op.param_names):
+            if p is not None:
+                first.setdefault(p, (i, k))
+    out = []
+    for i, k in tied_uses(graph):
+        op = graph.operators[i]
+        f, kf = first[op.param_names[k]]
+        held = np.zeros((len(configs[f]), len(configs[i])))
+        again = np.zeros_like(held)
+        for a, fc in enumerate(configs[f]):
+            for b, c in enumerate(configs[i]):
+                nbytes, regathered = tied_copy(graph.operators[f], kf, fc, op, k, c, mesh.shape,
+                                               cost_model.training, zero_stage)
+                (again if regathered else held)[a, b] = nbytes
+        if held.any() or again.any():
+            out.append((f, i, held, again))
+    return tuple(out)
 
 
 def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel) -> dict[int, np.ndarray]:

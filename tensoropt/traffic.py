@@ -29,7 +29,8 @@ Each rule turns (an operator or an edge, its configuration, the mesh shape) into
 * :func:`edge_collectives` -- one edge of the graph: its producer's output re-laid out for
   its consumer's operand;
 * :func:`tied_use_collectives` -- a later user of a tied parameter (lm_head using
-  tok_emb.weight), priced as if the first user's copy were replicated (``planner``).
+  tok_emb.weight), priced as if the first user's copy were replicated (``planner``); the
+  memory of the copy it works on (:func:`tied_copy`) follows the first user's real layout.
 
 Bytes are the full buffer on one rank: the all-reduced tensor, the gathered output of an
 all-gather, the input of a reduce-scatter, the input (local shard) of an all-to-all. A
@@ -53,7 +54,7 @@ from typing import Iterator, Sequence
 
 from .execution import batch_statistics_axes, batch_statistics_bytes
 from .opgraph import Edge, Operator, OpGraph
-from .placement import REPLICATE, Partial, Placement, Replicate, Shard
+from .placement import REPLICATE, Partial, Placement, Replicate, Shard, zero_storage
 from .strategy import OpConfig, output_placements, term_placements
 from .training import TrainingConfig
 
@@ -238,6 +239,41 @@ def tied_use_moves(op: Operator, operand: int, cfg: OpConfig, shape: Sequence[in
                          (False,) * ndim, (False,) * ndim, shape, tied_use_label(op, operand))
     reduce = tied_grad_move(op, operand, cfg, shape, training)
     return out + [reduce] if reduce else out
+
+
+def tied_copy(first: Operator, first_operand: int, first_cfg: OpConfig, op: Operator, operand: int,
+              cfg: OpConfig, shape: Sequence[int], training: TrainingConfig, zero_stage: int) -> tuple[float, bool]:
+    """The copy of a tied parameter that its later user ``op`` works on: (its bytes on one
+    device, whether ZeRO-3 regathers it for backward instead of keeping it from forward).
+    The parameter is stored as its first user lays it out (and, under ZeRO, sharded over
+    that user's data-parallel axes: ``placement.zero_storage``); where ``op`` wants another
+    layout, moving it there makes a copy that autograd saves. None where both users split
+    only the batch: such plans run under FSDP2, whose one unsharded parameter serves both."""
+    spec, first_spec = op.operands[operand], first.operands[first_operand]
+    term, first_term = op.terms[0][operand], first.terms[0][first_operand]
+    live = [a for a, n in enumerate(shape) if n > 1]
+    if all(first_cfg.splits[a] in (None, "b") and cfg.splits[a] in (None, "b") for a in live):
+        return 0.0, False
+    stored, axes = term_placements(first_cfg, first_term), ()
+    if zero_stage:
+        stored, axes = zero_storage(stored, grad_partial(first_cfg, first_term), first_spec.shape, shape)
+    want = term_placements(cfg, term)
+    if tuple(spec.shape) == tuple(first_spec.shape):
+        same = all(_same(h, w) for h, w in zip(stored, want))
+    elif len(spec.shape) == 2 and tuple(spec.shape) == tuple(first_spec.shape)[::-1]:
+        same = all(_same(h, w, transposed=True) for h, w in zip(stored, want))
+    else:
+        same = False
+    if same:
+        return 0.0, False
+    bp, _, _ = training.state_bytes_per_param
+    return bp * spec.numel / cfg.shards(term, shape), zero_stage >= 3 and bool(axes)
+
+
+def _same(have: Placement, want: Placement, transposed: bool = False) -> bool:
+    if isinstance(have, Shard) and isinstance(want, Shard):
+        return have.dim == (1 - want.dim if transposed else want.dim)
+    return type(have) is type(want)
 
 
 def tied_use_label(op: Operator, operand: int) -> str:

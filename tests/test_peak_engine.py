@@ -175,3 +175,55 @@ def test_best_under_a_budget_is_the_brute_force_optimum(mlp_search):
     # every plan states the peak it was searched on
     for p in f.plans:
         assert np.isclose(every, [p.time_s, p.peak_memory_bytes], rtol=1e-12, atol=0).all(axis=1).any()
+
+
+def _tied_lm():
+    """An embedding whose weight the output projection uses again (a tied language model head)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class TiedLM(nn.Module):
+        def __init__(self, vocab=16, d=8):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.mix = nn.Linear(d, d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids, targets):
+            logits = self.head(F.relu(self.mix(self.emb(ids))))
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    with torch.device("meta"):
+        model = TiedLM()
+    ids = torch.randint(0, 16, (4, 8), device="meta")
+    return model, (ids, ids)
+
+
+def test_tied_copy_frontiers_equal_brute_force():
+    """The later use of a tied weight works on a copy whose size depends on both users'
+    configurations; the exact search, split by the first user's classes, still equals
+    enumerating every assignment of the full graph."""
+    import tensoropt
+
+    import tensoropt.mesh_search as mesh_search
+
+    model, inputs = _tied_lm()
+    seen, problems = [], []
+    real = mesh_search.solve_problem
+
+    def recording(problem, graph, *args, **kwargs):
+        problems.append(problem)
+        seen.append(real(problem, graph, *args, **kwargs))
+        return seen[-1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mesh_search, "solve_problem", recording)
+        tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False,
+                           prune_meshes=False)
+    assert any(len(s.model.parts) > 1 for s in seen)
+    assert any(held.any() for p in problems for _, _, held, _ in p.tied_copies)
+    assert any(again.any() for p in problems for _, _, _, again in p.tied_copies)       # ZeRO-3
+    for found in seen:
+        assert found.stats["peak_search"] == "exact"
+        assert np.array_equal(np.column_stack([found.times, found.peaks]), _brute_force(found))

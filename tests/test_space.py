@@ -41,8 +41,9 @@ def test_coarse_frontier_splits_only_the_batch_across_nodes():
             assert op.config.split(",")[0] in ("-", "b"), (plan.summary, op.name, op.config)
 
     # the full space contains the coarse one: where both are searched exactly on the peak, the
-    # full frontier is at least as good everywhere
-    small = {coarse: tensoropt.frontier("gpt-tiny", "2x1xA100-80GB", max_mesh_dims=1, pipeline=False, zero=False,
+    # full frontier is at least as good everywhere (bert-tiny: gpt-tiny's full-space problem
+    # here is just beyond the exact search's budget)
+    small = {coarse: tensoropt.frontier("bert-tiny", "2x1xA100-80GB", max_mesh_dims=1, pipeline=False, zero=False,
                                         coarse=coarse, progress=False, references=False) for coarse in (True, False)}
     assert all(set(s.stats["peak_search"]) == {"exact"} for s in small.values())
     assert small[True].stats["search_space"]["coarse"] and not small[False].stats["search_space"]["coarse"]

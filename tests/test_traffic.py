@@ -16,7 +16,7 @@ from tensoropt.models import example_inputs, get_model
 from tensoropt.placement import REPLICATE, Shard
 from tensoropt.strategy import OpConfig
 from tensoropt.training import TrainingConfig
-from tensoropt.traffic import Collective, relayout_collectives, tied_uses
+from tensoropt.traffic import Collective, relayout_collectives, tied_copy, tied_uses
 
 
 def _graph(name):
@@ -88,3 +88,27 @@ def test_relayout_table():
     two = relayout_collectives(n, (REPLICATE, Shard(0)), (Shard(1), Shard(0)), (False, True), (False, False), (2, 4))
     assert two == [Collective("all_gather", 0, n / 4, "backward")]
     assert relayout_collectives(n, (REPLICATE,), (Shard(0),), (False,), (True,), (1,)) == []
+
+
+def test_tied_copy_is_made_where_the_later_user_wants_another_layout():
+    graph = _graph("gpt-tiny")
+    (i, k), = tied_uses(graph)
+    lm = graph.operators[i]
+    f = next(j for j, op in enumerate(graph.operators) if lm.param_names[k] in op.param_names)
+    emb, kf = graph.operators[f], graph.operators[f].param_names.index(lm.param_names[k])
+    tr = TrainingConfig()
+    whole = 4 * lm.operands[k].numel                       # fp32 parameters
+
+    def copy(e, u, shape, zero=0):
+        return tied_copy(emb, kf, OpConfig.parse(e), lm, k, OpConfig.parse(u), shape, tr, zero)
+
+    assert copy("h", "b", (4,)) == (whole, False)            # stored split by hidden, wanted whole
+    assert copy("v", "n", (4,)) == (0.0, False)               # both split the vocabulary rows
+    assert copy("h", "k", (4,)) == (0.0, False)               # both split the hidden columns
+    assert copy("v", "k", (4,)) == (whole / 4, False)         # rows stored, columns wanted
+    assert copy("b", "b", (4,), zero=3) == (0.0, False)       # data parallel: FSDP2's own gather
+    # ZeRO shards the stored weight over the embedding's data-parallel axis: the later use
+    # gathers it, and under ZeRO-3 gathers it again for backward instead of keeping it
+    assert copy("b,h", "s,k", (2, 2), zero=2) == (whole / 2, False)
+    assert copy("b,h", "s,k", (2, 2), zero=3) == (whole / 2, True)
+    assert copy("b,h", "s,k", (2, 2), zero=0) == (0.0, False)

@@ -17,6 +17,8 @@ pipeline stages unless the selector asks for them):
   zero3_rc_mp           ZeRO-3 and recomputation with a model-parallel axis
   pp / pp_rc / pp_mp    pipeline stages (any / with recomputation / with a model-parallel stage plan)
   min_memory            the frontier's minimum-memory point
+  tied_copy             a plan whose tied lm_head works on a copy of the embedding weight in
+                        another layout (``traffic.tied_copy``)
 A ``@k`` suffix picks the k-th match (0-based); ``@last`` the last (lowest-memory) one.
 """
 
@@ -38,16 +40,33 @@ from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, sing
 from tensoropt.apply import full_grads, parallelize, step_peak_memory  # noqa: E402
 from tensoropt.execution import apply_mode  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
+from tensoropt.strategy import OpConfig  # noqa: E402
+from tensoropt.training import TrainingConfig  # noqa: E402
+from tensoropt.traffic import tied_copy, tied_uses  # noqa: E402
 
 
 def _mode(plan, key: str, graph) -> str:
     return apply_mode(graph, plan)
 
 
+def _tied_copy_bytes(plan, graph) -> float:
+    out = 0.0
+    for i, k in tied_uses(graph):
+        name = graph.operators[i].param_names[k]
+        f = next(j for j, op in enumerate(graph.operators) if name in op.param_names)
+        out += tied_copy(graph.operators[f], graph.operators[f].param_names.index(name),
+                         OpConfig.parse(plan.ops[f].config), graph.operators[i], k,
+                         OpConfig.parse(plan.ops[i].config), plan.mesh_shape,
+                         TrainingConfig.of_plan(plan.training), plan.zero_stage)[0]
+    return out
+
+
 def _matches(plan, key: str, which: str, graph) -> bool:
     z, rc, st = plan.zero_stage, bool(plan.recompute), bool(plan.stages)
     if which == "min_memory":
         return True
+    if which == "tied_copy":
+        return not st and _tied_copy_bytes(plan, graph) > 0
     if which.startswith("pp"):
         if not st:
             return False
