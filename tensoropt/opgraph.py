@@ -63,6 +63,11 @@ class Operator:
     flops_fwd: float
     flops_bwd: float
     saved_operands: tuple[int, ...] = ()  # operands autograd keeps for backward; -1 is the output
+    # operands it saves too that another operator is charged for (one tensor on one device):
+    # (operand, how many operators back the previous saver of that tensor is, that saver's
+    # operand or -1 for its output). On a mesh, a saver that moves the tensor to another
+    # layout keeps a copy of its own (``planner``).
+    resaved: tuple[tuple[int, int, int], ...] = ()
     saved_extra_bytes: int = 0         # other saved tensors (masks, statistics), sharded like the output
     # held during its backward beyond the output's gradient, the largest input gradient and the
     # parameters' gradients (a fused group's intermediate gradients), sharded like the output

@@ -18,6 +18,9 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   user, and the gradient of the unit's output and of those pending beyond it;
 * for FSDP2 ``replicate`` plans (data parallel without ZeRO), the unsharded parameter copy
   and the gradients already reduced (measured on CPU/gloo: neither is released early).
+* the copy a consumer keeps of a saved tensor that another operator is charged for, where
+  it moves that tensor to another layout (``MeshProblem.resaved``): held like its own
+  activations, rematerialised when its unit recomputes;
 * a tied parameter's copy that a later user works on in a layout other than the stored
   one (``traffic.tied_copy``), kept from forward to that user's backward (under ZeRO-3
   gathered again for it): a term over both users' configurations, whose operators are far
@@ -211,6 +214,7 @@ class _Terms:
     unit_input: list
     skips: tuple
     tied: dict = field(default_factory=dict)     # later user -> (scope, held, regathered), exact graph
+    resave: dict = field(default_factory=dict)   # operator -> [(kind, term)]: copies it keeps of saved tensors
     _by_unit: dict = field(default_factory=dict)
 
     def pending(self, p: int) -> list[int]:
@@ -285,13 +289,14 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
             trans[i] = trans[i] + again.max(axis=0)
             additive.append(Term((i,), np.stack([np.zeros(len(act[i])), problem.activation_factor * held.max(axis=0)],
                                                 axis=-1)))
+    resave = _resave_terms(problem, graph, fine, cut, additive)
     grads = [np.array([c.grad_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)],
                    [r[pick[i]] for i, r in enumerate(reg_of)], moves, into,
                    _replicate_extra(grads, params) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
-                   problem.skips, tied)
+                   problem.skips, tied, resave)
     groups = _groups(problem, graph)
     regions, units = [], []
     for ops, mode in groups:
@@ -326,6 +331,8 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
         copy = tm.tied.get(p)
         if copy is not None:      # kept in either mode: a tied use inside a recomputed unit is rare
             kinds["held"].append(Term(copy[0], copy[1]))
+        for kind, term in tm.resave.get(p, ()):
+            kinds[kind].append(term)
         if mode is not None:
             kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
             if p == first:
@@ -383,6 +390,8 @@ def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
         kinds["held"].append(Term(m + (p,), held))
         if mode is not None:
             kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
+        for kind, term in tm.resave.get(p, ()):
+            kinds[kind].append(term)
         extra = tm.extra[p] if tm.extra is not None else 0.0
         value = tm.trans[p] + extra
         m, table = _mode_pair(mode, value - after_keep[j], value - after_rc[j])
@@ -407,6 +416,40 @@ def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
                                                                      value - after_rc[j]])))
     return Region(tuple(ops) + ((mode,) if mode is not None else ()), mode,
                   **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[first].module)
+
+
+def _resave_terms(problem: MeshProblem, graph, fine: bool, cut, additive: list) -> dict:
+    """The copies an operator keeps of saved tensors another is charged for
+    (``MeshProblem.resaved``): end-of-forward memory (``additive``, extended here) and, per
+    operator, its region's terms -- held while it keeps its activations, rematerialised when
+    its unit recomputes. The block graph takes them at the largest over the nodes outside
+    the operator's group (never below the exact graph, and no term across blocks)."""
+    mode_of = {i: len(problem.configs) + k for k, (_, ops) in enumerate(problem.units) for i in ops}
+    group_of = {}
+    if not fine:
+        for g, (ops, _) in enumerate(_groups(problem, graph)):
+            group_of.update(dict.fromkeys(ops, g))
+    f = problem.activation_factor
+    out: dict[int, list] = {}
+    for scope, table in problem.resaved:
+        c = scope[-1]
+        t = cut(scope, table)
+        if not fine:
+            far = tuple(a for a, v in enumerate(scope) if group_of[v] != group_of[c])
+            if far:
+                t = t.max(axis=far)
+                scope = tuple(v for a, v in enumerate(scope) if a not in far)
+        zero = np.zeros_like(t)
+        m = mode_of.get(c)
+        if m is None:
+            additive.append(Term(scope, np.stack([zero, f * t], axis=-1)))
+            out.setdefault(c, []).append(("held", Term(scope, t)))
+        else:
+            additive.append(Term((m,) + scope, np.stack([np.stack([zero, f * t], axis=-1),
+                                                         np.stack([zero, zero], axis=-1)])))
+            out.setdefault(c, []).append(("held", Term((m,) + scope, np.stack([t, zero]))))
+            out.setdefault(c, []).append(("remat", Term((m,) + scope, np.stack([zero, t]))))
+    return out
 
 
 def _groups(problem: MeshProblem, graph) -> list[tuple[tuple[int, ...], int | None]]:

@@ -73,9 +73,12 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
             recomputed_ops.update(unit_ops)
             kept_inputs += problem.activation_factor * problem.unit_input_bytes[k][a[unit_ops[0]]]
     kept = returned_ops(graph, problem.accumulates)
-    tied_copy = np.zeros(n_ops)          # a tied parameter's copy its later user keeps (planner)
+    copies = np.zeros(n_ops)          # copies an operator keeps beyond its own activations (planner)
     for f, i, held, _ in problem.tied_copies:
-        tied_copy[i] += problem.activation_factor * held[a[f], a[i]]
+        copies[i] += problem.activation_factor * held[a[f], a[i]]
+    for scope, table in problem.resaved:
+        if scope[-1] not in recomputed_ops:
+            copies[scope[-1]] += problem.activation_factor * table[tuple(a[v] for v in scope)]
     ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
                            grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
     for i, op in enumerate(graph.operators):
@@ -84,7 +87,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         again = i in recomputed_ops
         act = 0.0 if again else problem.activation_factor * cost.activation_bytes
         act += cost.output_bytes if i in kept else 0.0
-        act += tied_copy[i]
+        act += copies[i]
         labels = problem.labels.get((i, a[i]))
         if labels is None:
             labels = problem.labels[(i, a[i])] = (str(cfg), format_placements(output_placements(op, cfg)))
@@ -103,7 +106,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
-    m += float(tied_copy.sum())
+    m += float(copies.sum())
     if held_peak is None:
         held_peak = build_peak_model(problem, graph, microbatches).evaluate(np.array([a]))[0, 1:]
     held, peak = held_peak

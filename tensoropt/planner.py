@@ -27,8 +27,8 @@ from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
-from .strategy import OpConfig, enumerate_configs
-from .traffic import owners, tied_copy, tied_use_moves, tied_uses
+from .strategy import OpConfig, enumerate_configs, term_placements
+from .traffic import grad_partial, owners, tied_copy, tied_use_moves, tied_uses
 
 __all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops"]
 
@@ -56,6 +56,10 @@ class MeshProblem:
     # parameter its later user works on (``traffic.tied_copy``), kept from forward to its
     # backward, or under ZeRO-3 gathered again for it
     tied_copies: tuple = ()
+    # (scope, bytes): an operator that saves a tensor another operator is charged for keeps a
+    # copy of its own where it moves it to another layout (``_resaved_copies``); ``scope`` is
+    # (producer, [previous saver,] that operator), the table over their configurations
+    resaved: tuple = ()
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -144,7 +148,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
         configs.append(cache[key][0])
         costs.append(cache[key][1])
     edge_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    edges, edge_transients = [], []
+    edges, edge_transients, ahead_of = [], [], {}
     for e in graph.edges:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
         if key not in edge_cache:
@@ -152,6 +156,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             edge_cache[key][0].setflags(write=False)           # shared by every like edge
         table, moved, ahead = edge_cache[key]
         edges.append((e.src, e.dst, table))
+        ahead_of[e.dst, e.operand] = (e.src, ahead)
         if moved.any() or ahead.any():
             edge_transients.append((e.src, e.dst, moved, ahead))
 
@@ -184,9 +189,47 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     copies = _tied_copies(graph, configs, mesh, cost_model, zero_stage)
+    resaved = _resaved_copies(graph, configs, mesh, cost_model, ahead_of)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
-                       copies)
+                       copies, resaved)
+
+
+def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict) -> tuple:
+    """Per operand an operator saves while another is charged for the tensor
+    (``Operator.resaved``): the bytes of the copy it keeps, over (producer, [previous saver,]
+    this operator). It keeps one where the move from the producer's layout makes a new tensor
+    (``costmodel.edge_tables``' forward buffer), unless the previous saver moved it the same
+    way: the apply layer moves a tensor once for every consumer that wants one layout. Where it
+    does not move it, it shares the producer's, taken as charged already."""
+    shape = mesh.shape
+    out = []
+    for c, op in enumerate(graph.operators):
+        for j, back, pj in op.resaved:
+            if (c, j) not in ahead_of:
+                continue                              # a model input: charged with the batch
+            src, ahead = ahead_of[c, j]
+            term, spec = op.terms[0][j], op.operands[j]
+            nbytes = spec.nbytes * cost_model.training.scale(spec)
+            local = np.array([nbytes / cfg.shards(term, shape) for cfg in configs[c]])
+            mine = (ahead > 0) * local[None, :]                        # (K_src, K_c)
+            q = c - back
+            if pj == -1 or q < 0 or ahead_of.get((q, pj), (None,))[0] != src:
+                if mine.any():
+                    out.append(((src, c), mine))
+                continue
+            q_ahead = ahead_of[q, pj][1]
+            q_term = graph.operators[q].terms[0][pj]
+            keys: dict = {}
+            kq = np.array([keys.setdefault((term_placements(g, q_term), grad_partial(g, q_term)), len(keys))
+                           for g in configs[q]])
+            kc = np.array([keys.setdefault((term_placements(g, term), grad_partial(g, term)), len(keys))
+                           for g in configs[c]])
+            shared = (q_ahead > 0)[:, :, None] & (kq[:, None] == kc[None, :])[None, :, :]
+            table = mine[:, None, :] * ~shared                         # (K_src, K_q, K_c)
+            if table.any():
+                out.append(((src, q, c), table))
+    return tuple(out)
 
 
 def _tied_share(graph: OpGraph) -> tuple[float, ...]:

@@ -182,3 +182,39 @@ def test_outputs_the_forward_returns_are_held_to_the_end_of_the_step():
     stage = build_problem(graph, mesh, cm, recompute=False, accumulates=True)
     stage_bare = build_problem(replace(graph, returned=()), mesh, cm, recompute=False, accumulates=True)
     assert np.array_equal(stage.cost_graph.node_costs[i], stage_bare.cost_graph.node_costs[i])
+
+
+def test_a_consumer_that_moves_a_tensor_another_is_charged_for_keeps_its_own_copy():
+    """k_proj and v_proj save the normalised input q_proj is charged for: on a mesh, one
+    that takes it in another layout keeps the moved copy -- once for both when they take it
+    alike (the apply layer moves it once) -- and none where it takes the producer's."""
+    from tensoropt.hardware import get_link
+    from tensoropt.mesh import Mesh
+
+    graph = capture(get_model("gpt-tiny"), tuple(example_inputs("gpt-tiny")), name="gpt-tiny")
+    names = [op.name for op in graph.operators]
+    q, k, v = (names.index(f"layers.0.attn.{p}_proj") for p in "qkv")
+    assert 0 in graph.operators[q].saved_operands
+    assert graph.operators[k].resaved == ((0, k - q, 0),) and graph.operators[v].resaved == ((0, v - k, 0),)
+    mesh = Mesh((2,), ("m0",), (get_link("gloo-loopback"),))
+    problem = build_problem(graph, mesh, CostModel(get_device("cpu")), recompute=False)
+    tables = {scope[1:]: (scope, t) for scope, t in problem.resaved}
+    (src, _, _), at_k = tables[q, k]
+    (_, _, _), at_v = tables[k, v]
+    cfg = lambda i, label: [str(c) for c in problem.configs[i]].index(label)   # noqa: E731
+    p_b = cfg(src, "b")
+    spec = graph.operators[k].operands[0]
+    whole = spec.nbytes
+    # the producer splits the batch; q takes it so (no move), k and v want it whole
+    assert at_k[p_b, cfg(q, "b"), cfg(k, "n")] == whole
+    assert at_v[p_b, cfg(k, "n"), cfg(v, "n")] == 0.0          # k's move serves v
+    assert at_v[p_b, cfg(k, "b"), cfg(v, "n")] == whole
+    assert at_k[p_b, cfg(q, "b"), cfg(k, "b")] == 0.0          # the producer's tensor itself
+    # and the peak model holds it at the end of forward, once, beyond what the cost graph adds up
+    pm = peak_model(problem, graph)
+    a = np.array([cfg(i, "b") for i in range(len(graph.operators))])
+    b = a.copy()
+    b[k] = b[v] = cfg(k, "n")
+    held = pm.evaluate(np.stack([a, b]))[:, 1]
+    summed = [problem.cost_graph.cost(x)[1] for x in (a, b)]
+    assert (held[1] - held[0]) - (summed[1] - summed[0]) == whole

@@ -7,7 +7,8 @@ reads. Of the containers that qualify, the one whose blocks hold the most operat
 (T5's decoder blocks over its encoder blocks, ConvNeXt's deepest stage), then one named
 ``layers``, then the shallower.
 
-A tensor autograd saves is charged once, to the first operator that saves it -- except a
+A tensor autograd saves is charged once, to the first operator that saves it (the others
+list it in ``Operator.resaved``: on a mesh they may keep copies of their own) -- except a
 tensor that operators of several blocks save (a rotary table, a mask or an encoder output
 handed to every layer): charging the first block would make it unlike the others. Such a
 tensor is charged to the operator that produced it (its output), outside the blocks; one
@@ -59,19 +60,27 @@ def resolve_saved(model: nn.Module, ops: list[Operator], claims: list[tuple]) ->
                 shared.add(key)
                 break
     saved: list[list[int]] = [[] for _ in ops]
+    again: list[list[tuple[int, int, int]]] = [[] for _ in ops]
     done: set = set()
+    last: dict = {}
     for i, cl in enumerate(claims):
         for j, key in cl:
             if key in done:
+                prev = last[key]
+                if key not in shared and j != -1 and prev[0] != i:
+                    again[i].append((j, i - prev[0], prev[1]))
+                last[key] = (i, j)
                 continue
             done.add(key)
+            last[key] = (i, j)
             if key not in shared:
                 saved[i].append(j)
             elif key[0] == "op":
                 saved[key[1]].append(-1)
     for i in range(len(ops)):       # the producer's -1 may come after its own claims
         saved[i] = list(dict.fromkeys(saved[i]))
-    return [replace(op, saved_operands=tuple(s)) for op, s in zip(ops, saved)]
+    return [replace(op, saved_operands=tuple(s), resaved=tuple(dict.fromkeys(r)))
+            for op, s, r in zip(ops, saved, again)]
 
 
 def find_blocks(model: nn.Module, ops: list[Operator], edges: list[Edge]) -> tuple[tuple, tuple[str, ...]]:
