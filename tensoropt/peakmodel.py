@@ -66,17 +66,35 @@ class PeakModel:
     (which it excludes); ``replicate`` prices those (one configuration per operator, FSDP2's
     holdings included), ``replicate_configs`` being the operators' configurations there.
     ``search`` is what the engine solves for the main plans: ``exact`` itself, or the block
-    graph, never below it."""
+    graph, never below it; it and ``parts`` are built when a search first asks (pricing
+    plans needs ``exact`` alone)."""
     exact: PeakGraph
-    search: PeakGraph
     replicate: PeakGraph | None
     replicate_configs: np.ndarray | None     # (n_ops,) configuration index per operator
     n_ops: int
     build_block: Callable[[], PeakGraph] | None = None
-    # the exact graph split by the classes of a tied parameter's first user (configurations
-    # that store it alike): (that operator, its configurations in the class, the graph where
-    # it takes only those), whose searches together are the exact one; () when not split
-    parts: tuple = ()
+    build_parts: Callable[[], tuple] | None = None
+    exact_rows: int = EXACT_SEARCH_ROWS
+
+    @cached_property
+    def _searched(self) -> tuple[PeakGraph, tuple]:
+        if self.build_block is None:
+            return self.exact, ()
+        split = self.build_parts() if self.build_parts is not None else ()
+        widest = max(_widest_cut(g) for _, _, g in split) if split else _widest_cut(self.exact)
+        return (self.exact, split) if widest <= self.exact_rows else (self.build_block(), ())
+
+    @property
+    def search(self) -> PeakGraph:
+        return self._searched[0]
+
+    @property
+    def parts(self) -> tuple:
+        """The exact graph split by the classes of a tied parameter's first user
+        (configurations that store it alike): (that operator, its configurations in the
+        class, the graph where it takes only those), whose searches together are the exact
+        one; () when not split, or when the search is not the exact one."""
+        return self._searched[1]
 
     @property
     def search_is_exact(self) -> bool:
@@ -124,19 +142,19 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
         if any(len(c) != 1 for c in problem.configs):
             raise AssertionError("a one-device mesh with several configurations per operator")
         only = _build(problem, graph, microbatches, fine=True, replicate=True)
-        return PeakModel(only, only, None, None, n_ops)
+        return PeakModel(only, None, None, n_ops)
     exclude = None
     if rep is not None:
         exclude = [np.arange(len(problem.configs[i])) == rep[i] for i in range(n_ops)]
         exclude += [np.ones(2, dtype=bool) for _ in problem.units]
     exact = _build(problem, graph, microbatches, fine=True, exclude=exclude)
     block = partial(_build, problem, graph, microbatches, fine=False, exclude=exclude)
-    parts = tuple((f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub}))
-                  for f, sub in _tied_classes(problem))
-    widest = max(_widest_cut(g) for _, _, g in parts) if parts else _widest_cut(exact)
-    search = exact if widest <= exact_rows else block()
+
+    def parts():
+        return tuple((f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub}))
+                     for f, sub in _tied_classes(problem))
     only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
-    return PeakModel(exact, search, only, rep, n_ops, block, parts if search is exact else ())
+    return PeakModel(exact, only, rep, n_ops, block, parts, exact_rows)
 
 
 def _tied_classes(problem: MeshProblem) -> list[tuple[int, np.ndarray]]:
