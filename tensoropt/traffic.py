@@ -258,22 +258,14 @@ def tied_copy(first: Operator, first_operand: int, first_cfg: OpConfig, op: Oper
     if zero_stage:
         stored, axes = zero_storage(stored, grad_partial(first_cfg, first_term), first_spec.shape, shape)
     want = term_placements(cfg, term)
-    if tuple(spec.shape) == tuple(first_spec.shape):
-        same = all(_same(h, w) for h, w in zip(stored, want))
-    elif len(spec.shape) == 2 and tuple(spec.shape) == tuple(first_spec.shape)[::-1]:
-        same = all(_same(h, w, transposed=True) for h, w in zip(stored, want))
-    else:
-        same = False
-    if same:
+    comparable = tuple(spec.shape) == tuple(first_spec.shape)
+    if not comparable and len(spec.shape) == 2 and tuple(spec.shape) == tuple(first_spec.shape)[::-1]:
+        want = tuple(Shard(1 - p.dim) if isinstance(p, Shard) else p for p in want)     # used transposed
+        comparable = True
+    if comparable and stored == want:
         return 0.0, False
     bp, _, _ = training.state_bytes_per_param
     return bp * spec.numel / cfg.shards(term, shape), zero_stage >= 3 and bool(axes)
-
-
-def _same(have: Placement, want: Placement, transposed: bool = False) -> bool:
-    if isinstance(have, Shard) and isinstance(want, Shard):
-        return have.dim == (1 - want.dim if transposed else want.dim)
-    return type(have) is type(want)
 
 
 def tied_use_label(op: Operator, operand: int) -> str:
