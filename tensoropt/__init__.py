@@ -18,6 +18,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "frontier": ("tensoropt.search", "frontier"),
+    "plan_for": ("tensoropt.search", "plan_for"),
+    "Setup": ("tensoropt.setups", "Setup"),
     "Frontier": ("tensoropt.frontiers", "Frontier"),
     "InfeasibleBudget": ("tensoropt.budget", "InfeasibleBudget"),
     "Plan": ("tensoropt.plan", "Plan"),

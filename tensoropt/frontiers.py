@@ -62,6 +62,11 @@ class Frontier:
                 "Raise the budget, add devices, or lower the batch size.")
         return plan
 
+    def fastest_within(self, memory_bytes: float) -> Plan | None:
+        """The fastest plan whose peak is at most ``memory_bytes`` (None if none is), e.g. to
+        hold a plan someone runs (``tensoropt.plan_for``) against the frontier at its memory."""
+        return fastest_within(self.plans, memory_bytes)
+
     def to_pandas(self):
         import pandas as pd
 

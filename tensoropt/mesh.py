@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .hardware import Device, Link, get_device, get_link, inter_link, intra_link
 
-__all__ = ["Cluster", "Mesh", "parse_devices", "enumerate_meshes", "MAX_MESHES", "CPU_LINK_NAME"]
+__all__ = ["Cluster", "Mesh", "parse_devices", "enumerate_meshes", "mesh_for", "MAX_MESHES", "CPU_LINK_NAME"]
 
 #: beyond this many meshes, enumerate_meshes keeps only meshes whose inner axes fit in a node
 MAX_MESHES = 100
@@ -165,7 +165,10 @@ def _block_sizes(shape: tuple[int, ...]) -> list[int]:
     return [math.prod(shape[i:]) for i in range(len(shape))]
 
 
-def _mesh_for(shape: tuple[int, ...], cluster: Cluster) -> Mesh | None:
+def mesh_for(shape: tuple[int, ...], cluster: Cluster) -> Mesh | None:
+    """The mesh of ``shape`` over ``cluster`` (devices numbered node by node, the last axis
+    innermost), each axis on the slowest link its groups cross; None where an axis's groups
+    straddle node boundaries unevenly."""
     links = []
     for block in _block_sizes(shape):
         if cluster.per_node % block == 0:
@@ -186,7 +189,7 @@ def enumerate_meshes(cluster: Cluster | str, max_dims: int = 3) -> list[Mesh]:
     if world == 1:
         return [Mesh((1,), _axis_names(1), (cluster.intra_link,))]
     shapes = sorted(_ordered_factorisations(world, max_dims), key=lambda s: (len(s), s))
-    meshes = [m for m in (_mesh_for(s, cluster) for s in shapes) if m is not None]
+    meshes = [m for m in (mesh_for(s, cluster) for s in shapes) if m is not None]
     if len(meshes) > MAX_MESHES:
         meshes = [m for m in meshes
                   if all(cluster.per_node % b == 0 for b in _block_sizes(m.shape)[1:])]

@@ -36,6 +36,7 @@ from .opgraph import Edge, OpGraph, rebatch_spec
 from .plan import Plan
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
 from .peak_search import solve_problem
+from .peakmodel import peak_model
 from .planner import build_problem
 from .search_jobs import Job
 from .search_options import SearchOptions
@@ -43,7 +44,7 @@ from .space import SearchSpace
 
 __all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
            "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "StagesBound", "Candidate",
-           "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster"]
+           "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster", "pipeline_plan_of"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
@@ -296,8 +297,38 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
     return out
 
 
+def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int, mesh: Mesh,
+                     cm: CostModel, choose: Callable[[OpGraph, object], list[int]], zero_stage: int = 0,
+                     recompute: bool = False) -> Plan:
+    """The pipeline plan whose every stage takes the assignment ``choose(stage graph, stage
+    problem)`` returns, priced as searched pipeline plans are (``ctx.graph``: the model at the
+    micro-batch size). ZeRO shards the stages' state over their data-parallel axes; its
+    gathers and reductions are priced once per iteration, as FSDP2 runs a stage that keeps
+    its gathered parameters over the micro-batches."""
+    mb_graph = ctx.graph
+    check_pipeline(mb_graph, stages, microbatches, mb_graph.batch_size * microbatches)
+    sub, link = stage_cluster(cluster, stages)
+    specs = split_stages(mb_graph, stages)
+    scale = microbatches + stages - 1
+    solved, times = [], []
+    for spec in specs:
+        g, _ = sub_graph(mb_graph, spec.ops)
+        problem = build_problem(g, mesh, cm, zero_stage=zero_stage, recompute=recompute,
+                                activation_factor=spec.in_flight, comm_factor=1.0 / scale, accumulates=True)
+        a = list(choose(g, problem))
+        held, peak = peak_model(problem, g, microbatches).evaluate(np.array([a]))[0, 1:]
+        times.append(problem.cost_graph.cost(a)[0])
+        solved.append((g, problem, ([a], [float(held)], [float(peak)])))
+    p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
+                              link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+    buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
+    t = scale * (max(times) + p2p)
+    return _build_plan(ctx, sub, link, mesh, specs, solved, (0,) * len(specs), float(t), p2p, stages,
+                       microbatches, buffers, zero_stage)
+
+
 def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved, pick, t: float,
-                p2p: float, stages: int, microbatches: int, buffers) -> Plan:
+                p2p: float, stages: int, microbatches: int, buffers, zero_stage: int = 0) -> Plan:
     mb_graph = ctx.graph
     stage_plans = []
     for spec, (g, problem, (assignments, memories, peaks)), k, held in zip(specs, solved, pick, buffers):
@@ -310,6 +341,8 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
                  **{k: v for k, v in peak.breakdown.items() if k.endswith("_bytes")}}
     summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
+    if zero_stage:
+        summary += f" zero{zero_stage}"
     if any(sp.recompute for sp in stage_plans):
         summary += " rc"
     training = ctx.training
@@ -319,7 +352,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
                 ops=tuple(o for sp in stage_plans for o in sp.ops), breakdown=breakdown,
                 training={"precision": training.precision, "optimizer": training.optimizer,
                           "batch_size": mb_graph.batch_size * microbatches},
-                param_signature=ctx.param_signature, label="", epsilon=ctx.epsilon, zero_stage=0,
+                param_signature=ctx.param_signature, label="", epsilon=ctx.epsilon, zero_stage=zero_stage,
                 recompute=tuple(r for sp in stage_plans for r in sp.recompute), stages=tuple(stage_plans),
                 microbatches=microbatches,
                 inputs=rebatch_spec(mb_graph.inputs, mb_graph.batch_size, mb_graph.batch_size * microbatches))

@@ -35,16 +35,18 @@ from .engine.memguard import memory_cap
 from .mesh_search import mesh_cases, mesh_jobs, show_progress
 from .opgraph import OpGraph
 from .pipeline import pipeline_jobs, pipeline_shapes
+from .plan import Plan
 from .plan_builder import PlanContext
 from .pricing import cost_models
 from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .search_jobs import run_jobs
 from .search_options import MEMORY_ADVICE, Deadline, SearchOptions
+from .setups import Setup, setup_plan
 from .space import SearchSpace
 from .training import TrainingConfig
 
-__all__ = ["Frontier", "InfeasibleBudget", "SearchOptions", "frontier", "search", "unpriced_ops"]
+__all__ = ["Frontier", "InfeasibleBudget", "SearchOptions", "frontier", "search", "unpriced_ops", "plan_for"]
 
 
 def frontier(
@@ -123,6 +125,40 @@ def frontier(
     return ScalingFrontier.merge(graph.name, device, per_count)
 
 
+def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequence[Any] | None = None, *,
+             tp: int = 1, pp: int = 1, dp: int | None = None, microbatches: int = 1, recompute: str = "none",
+             zero: int = 0, sequence_parallel: bool = False, batch_size: int | None = None,
+             precision: str | None = None, optimizer: str = "adam", profile: str | None = None,
+             label: str = "yours") -> Plan:
+    """The plan a user already runs, priced by the frontier's cost model, to compare with it
+    (``Frontier.plot(yours=plan)``). ``tp``, ``pp``, ``dp``, ``microbatches`` (per step),
+    ``recompute`` ("none", "selective" or "full"), ``zero`` (stage over dp) and
+    ``sequence_parallel``: see :class:`tensoropt.setups.Setup`; ``model``, ``devices``,
+    ``inputs``, ``batch_size`` (the global batch), ``precision``, ``optimizer`` and
+    ``profile`` as for :func:`frontier`."""
+    setup = Setup(tp=tp, pp=pp, dp=dp, microbatches=microbatches, recompute=recompute, zero=zero,
+                  sequence_parallel=sequence_parallel)
+    cluster = parse_devices(devices)
+    setup.degrees(cluster.world_size)
+    graph, module, recapture = capture_model(model, inputs, batch_size)
+    training = _training(SearchOptions(precision=precision, optimizer=optimizer), cluster)
+    label_devices = devices if isinstance(devices, str) else str(cluster)
+    ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices)
+    micro = None
+    if microbatches > 1:
+        if graph.batch_size % microbatches:
+            raise ValueError(f"{microbatches} micro-batches do not divide the batch of {graph.batch_size}")
+        micro = recapture(graph.batch_size // microbatches)
+    return setup_plan(ctx, micro, cluster, setup, cost_models(cluster, training, profile), label=label)
+
+
+def _training(options: SearchOptions, cluster: Cluster) -> TrainingConfig:
+    precision = options.precision
+    if precision is None:
+        precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
+    return TrainingConfig(precision, options.optimizer)
+
+
 def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices: str | Cluster,
            options: SearchOptions, start: float | None = None) -> Frontier:
     """The frontier of a captured model on one device set (``recapture``: the model at other
@@ -130,10 +166,7 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     cluster = parse_devices(devices)
     label = devices if isinstance(devices, str) else str(cluster)
     space = SearchSpace.for_cluster(cluster, options.max_mesh_dims, options.coarse)
-    precision = options.precision
-    if precision is None:
-        precision = "fp32" if cluster.device.placeholder else "bf16-mixed"
-    training = TrainingConfig(precision, options.optimizer)
+    training = _training(options, cluster)
     cost_for = cost_models(cluster, training, options.profile)
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
     ctx = PlanContext(graph, training, signature, options.epsilon, label)

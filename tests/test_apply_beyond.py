@@ -15,7 +15,8 @@ tests/dist_scripts/beyond_worker.py) against single-process training:
   is within 10 % of ``Plan.peak_memory_bytes`` for the ZeRO-3 plans at 2 and 4 ranks, the
   ZeRO-2 + recomputation plan, the 2-stage pipeline plan with recomputation (first stage) and
   the fastest plan whose tied lm_head works on a copy of the embedding weight in another
-  layout.
+  layout, and a user's Megatron layout priced by ``tensoropt.plan_for`` (tp2, sequence
+  parallel, full recomputation; its 4-rank pipeline and dp·tp layouts run at parity).
 
 Plans come from ``tensoropt.frontier(model, "cpu:N")`` (first or last frontier point matching
 a selector, see the worker); nothing is hand-edited except dropping ZeRO / recomputation for
@@ -38,9 +39,12 @@ from tensoropt.models import get_model
 WORKER = Path(__file__).parent / "dist_scripts" / "beyond_worker.py"
 
 CASES_2 = ["mlp:zero3_mp", "mlp:zero2_mp", "gpt:rc_mp", "gpt:pp", "gpt:pp_rc@last",
-           "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy"]
-MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy"]
-CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp"]
+           "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
+           "gpt-big:setup_tp2_sp_rc"]
+MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
+             "gpt-big:setup_tp2_sp_rc"]
+CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
+           "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp"]
 MEASURE_4 = ["mlp-big:zero3_mp@last"]
 # (case, world) whose measured peak must be within 10 % of Plan.peak_memory_bytes: resident
 # state + saved activations + the backward pass's rise
@@ -56,7 +60,9 @@ MEMORY_ABS = [("mlp-big:zero3_mp@last", 2), ("mlp-big:zero3_mp@last", 4),
                                       "the predicted peak")),
               ("gpt-big:pp_rc@last", 2),
               # lm_head works on a copy of the tied embedding weight in its own layout
-              ("gpt-big:tied_copy", 2)]
+              ("gpt-big:tied_copy", 2),
+              # a user's Megatron layout (tensoropt.plan_for): sequence parallel, full recomputation
+              ("gpt-big:setup_tp2_sp_rc", 2)]
 
 
 @pytest.fixture(scope="module")

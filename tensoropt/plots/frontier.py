@@ -39,7 +39,7 @@ def _default_labels(frontiers) -> list[str]:
 
 
 def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = None, references: bool = True,
-                  color=None, annotate: bool = True, title: str | None = None):
+                  color=None, annotate: bool = True, title: str | None = None, yours=None):
     """The trade-off curve of one frontier.
 
     x: time per iteration (ms, or s); y: peak memory per device over the training step
@@ -50,6 +50,8 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     shades what exceeds it and stars the fastest plan that fits. With ``annotate`` the
     fastest and the leanest plans are labelled and a box states what the memory buys:
     the slowdown per GiB saved. A top axis reads the slowdown against the fastest plan.
+    ``yours``: a plan or plans someone runs (``tensoropt.plan_for``), marked by their labels
+    with how much slower each is than the fastest frontier plan within its memory.
     """
     import numpy as np
 
@@ -58,6 +60,8 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     if not plans:
         raise ValueError("empty frontier: nothing to plot")
     refs = list(frontier.reference.items()) if references else []
+    mine = _yours(yours)
+    refs += mine
     budget = None if memory_budget is None else budget_bytes(memory_budget)
     times = np.array([p.time_s for p in plans])
     mems = np.array([p.peak_memory_bytes for p in plans])
@@ -109,12 +113,17 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
         y_hi = max(y_hi, dev * mscale * 1.08)
     markers = ["X", "D", "^", "s", "v", "P", "*"]
     pinned = 0
+    n_refs = len(refs) - len(mine)
     for i, (rname, p) in enumerate(refs):
         t, m = p.time_s * scale, p.peak_memory_bytes * mscale
-        mk = markers[i % len(markers)]
+        own = i >= n_refs
+        mk = "P" if own else markers[i % len(markers)]
         txt = f"{rname}: {fmt_time(p.time_s, scale, unit)}, {m:.3g} {munit}"
+        if own:
+            txt += _versus_text(frontier, p)
         if t <= x_hi and m <= y_hi:
-            ax.scatter([t], [m], marker=mk, s=60, color="black", zorder=5, label=txt)
+            ax.scatter([t], [m], marker=mk, s=110 if own else 60, color="crimson" if own else "black", zorder=6,
+                       label=txt, gid="yours" if own else None)
             ax.annotate(rname, (t, m), textcoords="offset points", xytext=(6, 4), fontsize=9)
         else:                                   # off the chart: pin to the edge with an arrow
             pt, pm = min(t, x_hi), min(m, y_hi)
@@ -189,6 +198,20 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False, ncol=2)
     return ax
+
+
+def _yours(yours) -> list:
+    if yours is None:
+        return []
+    plans = [yours] if hasattr(yours, "peak_memory_bytes") else list(yours)
+    return [(p.label or "yours", p) for p in plans]
+
+
+def _versus_text(frontier, plan) -> str:
+    best = frontier.fastest_within(plan.peak_memory_bytes)
+    if best is None:
+        return " (no frontier plan holds as little)"
+    return f" ({plan.time_s / best.time_s:.2f}x the frontier's time at its memory)"
 
 
 def _tradeoff_text(plans, scale, unit) -> str:

@@ -20,6 +20,9 @@ pipeline stages unless the selector asks for them):
   tied_copy             a plan whose tied lm_head works on a copy of the embedding weight in
                         another layout (``traffic.tied_copy``)
 A ``@k`` suffix picks the k-th match (0-based); ``@last`` the last (lowest-memory) one.
+  setup_<parts>         not a frontier plan: ``tensoropt.plan_for`` with the degrees named by the
+                        parts, e.g. ``setup_tp2_sp_rc`` (tp=2, sequence parallel, full
+                        recomputation), ``setup_pp2_tp2_mb4``, ``setup_dp2_zero3``
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_worker import LR, get_frontier, make_inputs, make_model, rel_err, single_process_reference  # noqa: E402
+from plan_worker import (LR, MODELS, get_frontier, make_inputs, make_model, rel_err,  # noqa: E402
+                         single_process_reference)
+
+import tensoropt  # noqa: E402
+from tensoropt.capture import capture  # noqa: E402
 
 from tensoropt.apply import full_grads, parallelize, step_peak_memory  # noqa: E402
 from tensoropt.execution import apply_mode  # noqa: E402
@@ -88,6 +95,22 @@ def _matches(plan, key: str, which: str, graph) -> bool:
     return (mode == "dtensor") == which.endswith("_mp")
 
 
+def setup_kwargs(which: str) -> dict:
+    kw = {}
+    for part in which.split("_")[1:]:
+        if part == "sp":
+            kw["sequence_parallel"] = True
+        elif part == "rc":
+            kw["recompute"] = "full"
+        elif part.startswith("zero"):
+            kw["zero"] = int(part[4:])
+        elif part.startswith("mb"):
+            kw["microbatches"] = int(part[2:])
+        else:
+            kw[part[:2]] = int(part[2:])
+    return kw
+
+
 def pick(f, key: str, which: str, graph):
     which, _, k = which.partition("@")
     if which == "min_memory":
@@ -132,8 +155,13 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     key, which = case.split(":")
     # a selector of one operator-level plan picks among the frontier without pipelines (on
     # the peak frontier pipeline plans dominate most ZeRO and recomputation plans)
-    f, graph = get_frontier(key, world, extras=True, pipeline=which.startswith(("pp", "min_memory")))
-    plan = pick(f, key, which, graph)
+    if which.startswith("setup"):
+        meta = make_model(key, "meta")
+        graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
+        plan = tensoropt.plan_for(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), **setup_kwargs(which))
+    else:
+        f, graph = get_frontier(key, world, extras=True, pipeline=which.startswith(("pp", "min_memory")))
+        plan = pick(f, key, which, graph)
     inputs = make_inputs(key)
     res = {"case": case, "world": world, "plan": plan.summary, "mesh": list(plan.mesh_shape),
            "zero_stage": plan.zero_stage, "recompute": list(plan.recompute), "stages": len(plan.stages),
@@ -170,7 +198,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         mem = step_peak_memory(step, opt, tracked, modules=not plan.stages)
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
-        if "rc" not in which and "zero" not in which:
+        if "rc" not in which and "zero" not in which or which.startswith("setup"):
             return res
         base = baseline_of(plan, which)
         bstep, bparams, _, btracked, _ = build(key, base, graph)
