@@ -34,7 +34,7 @@ def test_parse_cpu_and_passthrough():
 
 @pytest.mark.parametrize("bad, needle", [
     ("0xA100", "'0'"), ("2.5xA100", "'2.5'"), ("-1xA100-80GB", "'-1'"), ("cpu:0", "'0'"),
-    ("8xB200", "B200"), ("garbage", "garbage"), ("", "''"), ("12xA100-80GB", "12"),
+    ("8xTPU-v5p", "TPU-v5p"), ("garbage", "garbage"), ("", "''"), ("12xA100-80GB", "12"),
     ("2x0xH100", "'0'"), ("cpu:two", "two"),
 ])
 def test_parse_errors_are_clear(bad, needle):
@@ -47,7 +47,7 @@ def test_parse_errors_are_clear(bad, needle):
 
 def test_unknown_device_lists_known_names():
     with pytest.raises(ValueError, match="A100-80GB"):
-        parse_devices("8xB200")
+        parse_devices("8xTPU-v5p")
 
 
 def shapes(cluster):
