@@ -3,6 +3,7 @@ datasheet figures, or a measured profile's (``tensoropt profile``)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from .costmodel import CostModel
@@ -23,6 +24,10 @@ def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None 
     from .profile.data import Profile
 
     prof = Profile.load(profile)
+    measured = prof.machine.catalogue_device
+    if measured and measured not in ("cpu", cluster.device.name):
+        warnings.warn(f"profile {profile} was measured on {measured}, and the devices are {cluster.device.name}: "
+                      "its figures price a device it did not measure", stacklevel=3)
     device = prof.device(cluster.device)
     compute = prof.compute_model()
 

@@ -13,6 +13,7 @@ per-rank send buffer, send_recv one message (timed as half a ping-pong between r
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -67,26 +68,36 @@ def _ops(kind, nbytes, world, rank, device):
     raise ValueError(f"unknown collective {kind!r}")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     ap.add_argument("--sizes", required=True)
     ap.add_argument("--kinds", required=True)
     ap.add_argument("--target-s", type=float, default=0.3)
     ap.add_argument("--min-repeats", type=int, default=5)
     ap.add_argument("--max-repeats", type=int, default=40)
-    a = ap.parse_args(argv)
-    warnings.filterwarnings("ignore", message=".*deprecated.*")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if a.backend == "nccl":
-        device = torch.device("cuda", local_rank)
+    return ap.parse_args(argv)
+
+
+def setup(backend: str):
+    """Join the process group: (this rank's device, a function that waits for its work).
+
+    nccl: the GPU ``cuda:LOCAL_RANK``, made current and bound to the group (``device_id``), so
+    every buffer, barrier and synchronisation is on this rank's own GPU; gloo: the CPU.
+    """
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
-        sync = torch.cuda.synchronize
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group(a.backend)
-        sync = lambda: None  # noqa: E731
+        return device, functools.partial(torch.cuda.synchronize, device)
+    dist.init_process_group(backend)
+    return torch.device("cpu"), lambda: None
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*deprecated.*")
+    device, sync = setup(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     sizes = [int(s) for s in a.sizes.split(",")]
     kinds = [k for k in a.kinds.split(",") if k]

@@ -32,8 +32,11 @@ def format_time(s: float) -> str:
 
 
 def summary(prof) -> str:
-    lines = [f"profile of {prof.devices} on {prof.machine.device_name} ({prof.machine.threads_per_rank} "
-             f"thread(s) per rank, torch {prof.machine.torch_version})"]
+    m = prof.machine
+    where = ", ".join(x for x in (f"catalogue {m.catalogue_device}" if m.catalogue_device else "",
+                                  f"{m.backend} over {m.link}" if m.link else "") if x)
+    lines = [f"profile of {prof.devices} on {m.device_name}{f' [{where}]' if where else ''} ({m.threads_per_rank} "
+             f"thread(s) per rank, torch {m.torch_version})"]
     lines.append("peak FLOP/s: " + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in prof.peak_flops_per_s.items())
                  + f"; copy bandwidth {prof.hbm_bytes_per_s / 1e9:.1f} GB/s")
     for fam, c in sorted(prof.curves.items()):

@@ -49,6 +49,8 @@ class MachineInfo:
     device_count: int         # ranks the device set asked for
     date: str                 # ISO 8601, UTC
     backend: str              # process-group backend of the collective benchmarks
+    catalogue_device: str = ""  # hardware-catalogue entry of the device (tensoropt.hardware), "" = none
+    link: str = ""            # catalogue link tier the collectives ran over, "" = none measured or unknown
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ import platform
 import re
 from dataclasses import dataclass
 
-__all__ = ["DeviceSet", "DeviceNotPresentError", "parse_device_set", "current_device_name", "cpu_model_name"]
+__all__ = ["DeviceSet", "DeviceNotPresentError", "parse_device_set", "current_device_name", "cpu_model_name",
+           "catalogue_entry", "gpu_name_matches"]
 
 _CPU_RE = re.compile(r"^cpu(?::(?P<n>\d+))?$", re.IGNORECASE)
 _CUDA_RE = re.compile(r"^cuda(?::(?P<n>\d+))?$", re.IGNORECASE)
@@ -58,15 +59,73 @@ def _check_cuda(ds: DeviceSet) -> DeviceSet:
     if have < ds.count:
         raise DeviceNotPresentError(f"device set {ds.spec!r} needs {ds.count} GPUs, this machine has {have}")
     if ds.name:
-        present = torch.cuda.get_device_name(0)
-        if _norm(ds.name) not in _norm(present):
-            raise DeviceNotPresentError(f"device set {ds.spec!r} asks for {ds.name}, but the GPU here is "
-                                        f"{present!r}; name the GPU present or use 'cuda:N'")
+        for i in range(ds.count):
+            present = torch.cuda.get_device_name(i)
+            if not gpu_name_matches(ds.name, present):
+                entry = catalogue_entry(present)
+                raise DeviceNotPresentError(
+                    f"device set {ds.spec!r} asks for {ds.name}, but GPU {i} here is {present!r}"
+                    + (f" (catalogue entry {entry})" if entry else "")
+                    + "; name the GPU present or use 'cuda:N'")
     return ds
 
 
 def _norm(s: str) -> str:
     return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def _tokens(s: str) -> list[str]:
+    return [t for t in re.split(r"[^a-z0-9]+", s.lower()) if t]
+
+
+def _spans(tokens: list[str]) -> set[str]:
+    """Every run of consecutive tokens, joined: 'NVIDIA GeForce RTX 4090' has 'rtx4090', not 'tx40'."""
+    return {"".join(tokens[i:j]) for i in range(len(tokens)) for j in range(i + 1, len(tokens) + 1)}
+
+
+def catalogue_entry(gpu_name: str) -> str:
+    """The hardware catalogue's device (``tensoropt.hardware``) that a CUDA device name is, or "".
+
+    A catalogue name or alias must appear in ``gpu_name`` as whole words ("NVIDIA H100 80GB HBM3"
+    is H100; "NVIDIA GH200 480GB" is not H200); a memory size in the name ("A100-SXM4-40GB") must
+    be the entry's; the catalogue's NVLink (SXM) parts are not a "PCIe" board of the same chip.
+    Several matches: the longest name or alias wins; a tie between entries is no match.
+    """
+    from ..hardware import load_catalogue
+    tokens = _tokens(gpu_name)
+    spans = _spans(tokens)
+    sizes = {int(m[1]) for t in tokens if (m := re.fullmatch(r"(\d+)gb", t))}
+    best: dict[str, int] = {}
+    for dev in load_catalogue().devices.values():
+        if dev.placeholder:
+            continue
+        if sizes and round(dev.memory_bytes / 1e9) not in sizes:
+            continue
+        if "pcie" in tokens and not dev.intra_link_name.startswith("pcie"):
+            continue
+        hit = max((len(k) for k in map(_norm, (dev.name, *dev.aliases)) if k in spans), default=0)
+        if hit:
+            best[dev.name] = hit
+    if not best:
+        return ""
+    top = max(best.values())
+    winners = [name for name, n in best.items() if n == top]
+    return winners[0] if len(winners) == 1 else ""
+
+
+def gpu_name_matches(requested: str, present: str) -> bool:
+    """Whether the GPU named ``requested`` (as in '1xH100') is the CUDA device named ``present``.
+
+    A catalogue name or alias must be the catalogue entry of the present GPU ('A100-80GB' is not an
+    'NVIDIA A100-SXM4-40GB'); where either side has no entry, the name must appear in the present
+    one as whole words ('RTX4090' in 'NVIDIA GeForce RTX 4090', 'H100' in 'NVIDIA H100 PCIe').
+    """
+    from ..hardware import load_catalogue
+    want = load_catalogue().lookup.get(requested.strip().lower(), "")
+    have = catalogue_entry(present)
+    if want and have:
+        return want == have
+    return _norm(requested) in _spans(_tokens(present))
 
 
 def cpu_model_name() -> str:

@@ -1,8 +1,9 @@
 """Timing of one benchmark: warm-up, auto-ranged repeats, median and spread.
 
-CPU: ``time.perf_counter`` around ``calls_per_repeat`` calls. CUDA: events recorded around the
-calls, ``torch.cuda.synchronize`` before reading them. Each repeat's time is divided by its call
-count, so TimeStats are per call of ``fn``.
+CPU: ``time.perf_counter`` around ``calls_per_repeat`` calls. CUDA: events recorded on the
+benchmark device's current stream around the calls, that device synchronised before reading
+them (not the current device, which may be another GPU). Each repeat's time is divided by its
+call count, so TimeStats are per call of ``fn``.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def stats_from_samples(samples_s: list[float], calls_per_repeat: int = 1) -> Tim
                      repeats=len(samples_s), calls_per_repeat=calls_per_repeat)
 
 
-def time_fn(fn: Callable[[], object], *, cuda: bool = False, budget: TimingBudget = FULL_BUDGET) -> TimeStats:
-    """Per-call time of ``fn`` (median and spread over repeats)."""
-    sync = _cuda_sync if cuda else _no_sync
+def time_fn(fn: Callable[[], object], *, cuda: bool = False, budget: TimingBudget = FULL_BUDGET,
+            device=None) -> TimeStats:
+    """Per-call time of ``fn`` (median and spread over repeats); ``cuda``: of its kernels on
+    ``device`` (None: the current CUDA device)."""
+    sync = (lambda: _cuda_sync(device)) if cuda else _no_sync
     # warm-up, which also estimates the per-call time
     t0 = time.perf_counter()
     n = 0
@@ -55,7 +58,7 @@ def time_fn(fn: Callable[[], object], *, cuda: bool = False, budget: TimingBudge
     est_s = max((time.perf_counter() - t0) / n, 1e-9)
     calls = max(1, math.ceil(budget.min_repeat_s / est_s))
     repeats = int(min(budget.max_repeats, max(budget.min_repeats, budget.target_s // (calls * est_s))))
-    samples = (_repeat_cuda if cuda else _repeat_cpu)(fn, calls, repeats)
+    samples = _repeat_cuda(fn, calls, repeats, device) if cuda else _repeat_cpu(fn, calls, repeats)
     return stats_from_samples(samples, calls)
 
 
@@ -63,9 +66,9 @@ def _no_sync() -> None:
     return None
 
 
-def _cuda_sync() -> None:
+def _cuda_sync(device=None) -> None:
     import torch
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
 
 
 def _repeat_cpu(fn, calls: int, repeats: int) -> list[float]:
@@ -78,17 +81,18 @@ def _repeat_cpu(fn, calls: int, repeats: int) -> list[float]:
     return out
 
 
-def _repeat_cuda(fn, calls: int, repeats: int) -> list[float]:
+def _repeat_cuda(fn, calls: int, repeats: int, device=None) -> list[float]:
     import torch
+    stream = torch.cuda.current_stream(device)     # where fn's kernels on ``device`` run
     out = []
     for _ in range(repeats):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
+        torch.cuda.synchronize(device)
+        start.record(stream)
         for _ in range(calls):
             fn()
-        end.record()
-        torch.cuda.synchronize()
+        end.record(stream)
+        torch.cuda.synchronize(device)
         out.append(start.elapsed_time(end) / 1e3 / calls)   # elapsed_time is in ms
     return out

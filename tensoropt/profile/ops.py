@@ -254,6 +254,8 @@ def copy_cases(itemsize: int, quick: bool, min_stream_bytes: float) -> list[OpCa
     return out
 
 
-def peak_cases(quick: bool) -> list[int]:
-    """Square sizes for the per-dtype matmul peak probe."""
+def peak_cases(quick: bool, kind: str = "cpu") -> list[int]:
+    """Square sizes for the per-dtype matmul peak probe (a GPU needs large ones to reach its peak)."""
+    if kind == "cuda":
+        return [4096] if quick else [4096, 8192]
     return [512] if quick else [512, 1024]

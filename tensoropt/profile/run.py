@@ -6,13 +6,14 @@ import datetime as _dt
 import os
 import platform
 import sys
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
 from ..collectives import COLLECTIVE_KINDS
 from ..launch import run_torchrun
 from .data import (CollectiveMeasurement, ComputeMeasurement, FittedCollective, FittedCurve, MachineInfo, Profile)
-from .devices import DeviceSet, cpu_count, cpu_model_name, current_device_name, parse_device_set
+from .devices import DeviceSet, catalogue_entry, cpu_count, cpu_model_name, current_device_name, parse_device_set
 from .fit import CollectivePoint, ComputePoint, FitError, fit_collective, fit_efficiency_curve
 from .measure import FULL_BUDGET, QUICK_BUDGET, TimingBudget, stats_from_samples, time_fn
 from .ops import OpCase, copy_cases, op_cases, peak_cases
@@ -33,6 +34,8 @@ _ALLOC_FRACTION = 0.5
 _COLLECTIVE_TIMEOUT_S = {True: 120.0, False: 300.0}
 #: gloo timings on a small box are bimodal (scheduling): more repeats for the median
 _COLLECTIVE_BUDGET = TimingBudget(target_s=1.0, min_repeats=10, max_repeats=100)
+#: matmul peaks measured per dtype; a quick CPU run measures only the benchmark dtype (a GPU's
+#: peak probes take milliseconds, and tf32 is set apart from fp32 only on CUDA)
 _PEAK_DTYPES = {"cpu": ("fp32", "bf16"), "cuda": ("fp32", "tf32", "bf16", "fp16")}
 _BENCH_DTYPE = {"cpu": "fp32", "cuda": "bf16"}
 
@@ -53,19 +56,15 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     import torch
     notes: list[str] = []
     bench_dtype = _BENCH_DTYPE[ds.kind]
-    if ds.kind == "cuda":
-        device = torch.device("cuda", 0)
-        threads = torch.get_num_threads()
-    else:
-        device = torch.device("cpu")
-        threads = max(1, cpu_count() // ds.count)
+    device = _bench_device(ds)
+    threads = torch.get_num_threads() if ds.kind == "cuda" else max(1, cpu_count() // ds.count)
     budget = QUICK_BUDGET if quick else FULL_BUDGET
     stream = (_STREAM_BYTES_QUICK if quick else _STREAM_BYTES)[ds.kind]
     itemsize = _ITEMSIZE[bench_dtype]
     copies = copy_cases(itemsize, quick, stream)
     ops = op_cases(itemsize, quick)
-    peak_dtypes = _PEAK_DTYPES[ds.kind] if not quick else (bench_dtype,)
-    peaks = [(dt, n) for dt in peak_dtypes for n in (peak_cases(quick) if ds.kind == "cpu" else (4096, 8192))]
+    peak_dtypes = (bench_dtype,) if quick and ds.kind == "cpu" else _PEAK_DTYPES[ds.kind]
+    peaks = [(dt, n) for dt in peak_dtypes for n in peak_cases(quick, ds.kind)]
     group_sizes = _group_sizes(ds, quick)
     total = len(copies) + len(ops) + len(peaks) + len(group_sizes) + 1
     tick = _progress(progress, total)
@@ -99,11 +98,14 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     if not group_sizes:
         notes.append(f"no collectives measured: {ds.spec} has a single rank")
 
+    device_name = current_device_name(ds.kind)
+    entry = catalogue_entry(device_name) if ds.kind == "cuda" else "cpu"
     machine = MachineInfo(
         platform=platform.platform(), processor=cpu_model_name(), cpu_count=cpu_count(), threads_per_rank=threads,
         torch_version=torch.__version__, python_version=sys.version.split()[0], device_kind=ds.kind,
-        device_name=current_device_name(ds.kind), device_count=ds.count,
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), backend=ds.backend)
+        device_name=device_name, device_count=ds.count,
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), backend=ds.backend,
+        catalogue_device=entry, link=_link_name(entry) if coll_ms else "")
     prof = Profile(devices=ds.spec, quick=quick, dtype=bench_dtype, machine=machine, peak_flops_per_s=peak,
                    hbm_bytes_per_s=hbm, memory_efficiency=1.0, curves=curves, collectives=collectives,
                    compute_measurements=tuple(copy_ms + compute_ms + peak_ms),
@@ -115,6 +117,61 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
 
 
 # ------------------------------------------------------------------------------ compute
+
+def _bench_device(ds: DeviceSet):
+    """The device the operator benchmarks run on: the first GPU of a CUDA set (the collectives
+    use every GPU, one torchrun rank each), else the CPU."""
+    import torch
+    return torch.device("cuda", 0) if ds.kind == "cuda" else torch.device("cpu")
+
+
+def _is_cuda(device) -> bool:
+    """Whether benchmarks on ``device`` take the CUDA path: CUDA events and that device's
+    synchronisation for timing, its free memory for the can-it-fit check, TF32 set per dtype."""
+    return device.type == "cuda"
+
+
+def _link_name(entry: str) -> str:
+    """The link tier of a single-node device set: the catalogue entry's intra-node link (NVLink
+    for the SXM parts), "" where the device has no catalogue entry."""
+    if not entry:
+        return ""
+    from ..hardware import get_device
+    return get_device(entry).intra_link_name
+
+
+@contextmanager
+def _cuda_matmul_tf32(enabled: bool):
+    """CUDA fp32 matmuls with TF32 on (``enabled``) or off (IEEE fp32) inside, as before after.
+
+    Set through ``allow_tf32``, which keeps torch's legacy and (torch >= 2.9) ``fp32_precision``
+    states consistent. The state before is read without the legacy getter, which raises when
+    the caller set only the new API ("mix of the legacy and new APIs"), and restored in full.
+    """
+    import torch
+    mm = torch.backends.cuda.matmul
+    try:
+        old_precision = mm.fp32_precision
+    except AttributeError:        # torch < 2.9: the legacy flag is the whole state
+        old_tf32 = mm.allow_tf32
+        mm.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            mm.allow_tf32 = old_tf32
+        return
+    try:
+        old_legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:          # mixed APIs: the new-API state is what the caller set
+        old_legacy = None
+    mm.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        if old_legacy is not None:
+            torch.set_float32_matmul_precision(old_legacy)
+        mm.fp32_precision = old_precision
+
 
 def _square(n: int, dtype: str) -> OpCase:
     from .ops import linear_builder
@@ -129,7 +186,7 @@ def _torch_dtype(dtype: str):
 
 
 def _available_bytes(device) -> float:
-    if device.type == "cuda":
+    if _is_cuda(device):
         import torch
         free, _ = torch.cuda.mem_get_info(device)
         return float(free)
@@ -148,13 +205,13 @@ def _run_case(case: OpCase, device, dtype: str, budget: TimingBudget, notes: lis
         notes.append(f"skipped {case.family} {case.label}: needs ~{case.alloc_bytes / 2**20:.0f} MiB, "
                      f"{limit / 2**20:.0f} MiB allowed")
         return None
-    tf32 = dtype == "tf32"
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32 if device.type == "cuda" else None
+    cuda = _is_cuda(device)
+    fn = None
     try:
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-        fn = case.build(device, _torch_dtype(dtype))
-        stats = time_fn(fn, cuda=device.type == "cuda", budget=budget)
+        # fp32 is IEEE fp32 (TF32 off whatever the caller set), tf32 is fp32 tensors with TF32 on
+        with _cuda_matmul_tf32(dtype == "tf32") if cuda else nullcontext():
+            fn = case.build(device, _torch_dtype(dtype))
+            stats = time_fn(fn, cuda=cuda, budget=budget, device=device)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
         if not _is_alloc_error(err):
             raise
@@ -162,8 +219,7 @@ def _run_case(case: OpCase, device, dtype: str, budget: TimingBudget, notes: lis
         return None
     finally:
         fn = None
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = old_tf32
+        if cuda:
             torch.cuda.empty_cache()
     return ComputeMeasurement(case.family, case.op, case.shape, dtype, case.flops, case.nbytes, case.calls, stats)
 
