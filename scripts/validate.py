@@ -21,6 +21,7 @@ step_calibration.json, plans/<model>_w<N>_<i>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -34,12 +35,12 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from tensoropt.validate.fit import TERMS, StepCalibration, fit_calibration  # noqa: E402
+from tensoropt.validate.fit import TERMS, CostTerms, fit_calibration  # noqa: E402
 from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, summarize  # noqa: E402
 
-ABLATION_ORDER = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s",
-                  "optimizer_s_per_param", "comm_scale")
-DEFAULT_TERMS = ("fixed_s", "compute_scale", "per_collective_s", "per_sharded_op_s")
+ABLATION_ORDER = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s",
+                  "optimizer_s_per_param", "grad_comm_scale", "relayout_scale")
+DEFAULT_TERMS = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s")
 NOTES = [
     "Wall times come from a 2-core machine; the 1-minute load average while timing is recorded in "
     "overall.*.loadavg_1min_during_timing (other jobs on the machine inflate wall time over process CPU "
@@ -51,10 +52,11 @@ NOTES = [
     "every rank is handed. The memory_calibration terms predate these and no longer improve held-out pairs.",
     "Split: per (model, world), pairs sorted by predicted time alternate train/test; the calibration is fitted "
     "on train and evaluated on test ('calibrated.test'); step_calibration.json is refitted on all pairs.",
-    "The collective_calls feature counts data-parallel gradient reductions per bucket (one per layers.<i> "
-    "block + 1), as FSDP2 replicate/fully_shard issue them; this definition was chosen after a first "
-    "measurement run (report_run1.json) showed bucketed all-reduces. 'earlier_run_calibration' evaluates the "
-    "terms fitted on that first run on this run's pairs.",
+    "Features are the plan's time under each cost term alone (tensoropt.calibration.step_features), the "
+    "terms the search prices every node and edge with: collective_calls counts the calls of layout moves "
+    "and of model-parallel operators (a data-parallel operator's gradient reduction is bucketed by FSDP2; "
+    "fixed_s absorbs those calls), sharded_ops the operators that split something besides the batch. "
+    "'earlier_run_calibration' evaluates terms fitted on an earlier run on this run's pairs.",
     "Pipeline plans (pp...) are skipped: tensoropt.parallelize does not lay them out (PlanNotApplicable).",
     "Memory: MemTracker categories at the step's peak are compared with the predicted breakdown per pair "
     "(memory_by_category); memory_resident_error_rank0 is a diagnostic over the priced categories only.",
@@ -85,7 +87,7 @@ def measure(args) -> tuple[list[dict], list[dict]]:
                 path = os.path.join(plan_dir, f"{key}_w{world}_{i}.json")
                 c.plan.save(path)
                 files.append(path)
-                meta[os.path.basename(path)] = (c, step_features(c.plan, graph, c.apply_mode))
+                meta[os.path.basename(path)] = (c, step_features(c.plan, graph, args.profile))
             print(f"[validate] {key} world {world}: {len(files)} plans "
                   f"({len(cands) - len(files)} not applicable), running ...", flush=True)
             res = run_torchrun(worker, ["--model", key, "--plans", ",".join(files), "--steps", str(args.steps),
@@ -136,7 +138,7 @@ def split(pairs: list[dict]) -> None:
 METRICS = {"wall": "measured_time_s", "cpu": "measured_cpu_time_s"}
 
 
-def evaluate(cal: StepCalibration, pairs: list[dict], key: str = "measured_time_s") -> dict:
+def evaluate(cal: CostTerms, pairs: list[dict], key: str = "measured_time_s") -> dict:
     if not pairs:
         return {"n": 0}
     pred = cal.predict([p["features"] for p in pairs])
@@ -155,7 +157,7 @@ def analyse(pairs: list[dict], terms: tuple[str, ...], metric: str = "wall") -> 
     def ev(cal, ps):
         return evaluate(cal, ps, key)
 
-    raw = StepCalibration()
+    raw = CostTerms()
     out: dict = {"metric": metric, "measured": key, "terms": list(terms), "train_pairs": len(train), "test_pairs": len(test),
                  "uncalibrated": {"train": ev(raw, train), "test": ev(raw, test),
                                   "all": ev(raw, pairs)}}
@@ -262,7 +264,7 @@ def main() -> None:
             old = json.load(f)
         pairs, skipped, measured_by = old["pairs"], old["skipped"], old.get("measured_by", {})
         from tensoropt.plan import Plan
-        from tensoropt.validate.cases import apply_mode, capture_graph
+        from tensoropt.validate.cases import capture_graph
         from tensoropt.validate.fit import step_features
 
         graphs: dict = {}
@@ -270,7 +272,7 @@ def main() -> None:
             if p["model"] not in graphs:
                 graphs[p["model"]] = capture_graph(p["model"])
             plan = Plan.load(os.path.join(args.out, p["plan_file"]))
-            p["features"] = step_features(plan, graphs[p["model"]], apply_mode(p["model"], plan, graphs[p["model"]]))
+            p["features"] = step_features(plan, graphs[p["model"]], args.profile)
         measured_by["refit_command"] = " ".join(shlex.quote(a) for a in sys.argv)
     else:
         pairs, skipped = measure(args)
@@ -284,7 +286,7 @@ def main() -> None:
     calib, all_fit = analyse(pairs, terms, "wall")
     calib_mem = analyse_memory(pairs, args.out)
     if args.calibration:
-        prev = StepCalibration.load(args.calibration)
+        prev = CostTerms.load(args.calibration)
         calib["earlier_run_calibration"] = {"file": args.calibration, "terms": prev.terms(), "meta": prev.meta,
                                             "all_pairs": evaluate(prev, pairs)}
         for p in pairs:
@@ -344,11 +346,11 @@ def main() -> None:
     with open(report_path + ".tmp", "w") as f:
         json.dump(report, f, indent=1, default=float)
     os.replace(report_path + ".tmp", report_path)
-    all_fit.meta = {"fitted_on_pairs": len(pairs), "profile": args.profile, "report": "report.json",
-                    "date": measured_by.get("date")}
-    all_fit.save(os.path.join(args.out, "step_calibration.json"))
-    all_fit_cpu.meta = dict(all_fit.meta, metric="process CPU time per step")
-    all_fit_cpu.save(os.path.join(args.out, "step_calibration_cpu.json"))
+    meta = {"fitted_on_pairs": len(pairs), "profile": args.profile, "report": "report.json",
+            "date": measured_by.get("date")}
+    dataclasses.replace(all_fit, meta=meta).save(os.path.join(args.out, "step_calibration.json"))
+    dataclasses.replace(all_fit_cpu, meta=dict(meta, metric="process CPU time per step")).save(
+        os.path.join(args.out, "step_calibration_cpu.json"))
     w0 = overall[next(iter(overall))]
     plot_predicted_vs_measured(pairs, os.path.join(args.out, "predicted_vs_measured.png"),
                                title=f"{len(pairs)} (model, plan) pairs, torch {torch.__version__}, "

@@ -26,7 +26,8 @@ from typing import Iterable
 import numpy as np
 
 from .collectives import CollectiveModel
-from .compute import ComputeModel, default_compute_model
+from .compute import MATMUL_FAMILIES, ComputeModel, default_compute_model
+from .cost_terms import CostTerms
 from .hardware import Device
 from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
@@ -57,10 +58,13 @@ class NodeCost:
     # ZeRO-3: its gathered parameters, which a recomputed forward keeps from the recomputation
     # until this operator's backward (only a first forward re-gathers them for backward)
     regathered_bytes: float = 0.0
+    # once per step like comm_s, and zero unless calibrated: the optimizer's update of its
+    # parameters (``CostTerms.optimizer_s_per_param``)
+    update_s: float = 0.0
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.comm_s
+        return self.compute_s + self.comm_s + self.update_s
 
     @property
     def memory_bytes(self) -> float:
@@ -73,6 +77,7 @@ class CostModel:
     compute: ComputeModel | None = None          # None: datasheet defaults for the device
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    terms: CostTerms = field(default_factory=CostTerms)   # fitted terms (neutral: the model alone)
     # layout moves already priced (edge_tables): every mesh and ZeRO stage asks for the same;
     # operators' configurations and costs (planner.build_problem), per operator signature
     _moves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -106,13 +111,24 @@ class CostModel:
                 total += sum(col.time_s(c.kind, c.bytes, mesh, c.axis) for c in item)
         return total
 
+    def moves_s(self, items: Iterable[Collective | Move], mesh: Mesh) -> float:
+        """The time of a layout move's collectives (an edge's, a tied parameter's), with the
+        fitted terms: scaled, and a fixed cost per call."""
+        items = list(items)
+        t = self.terms
+        return t.relayout_scale * self.price(items, mesh) + t.per_collective_s * _calls(items)
+
     # ------------------------------------------------------------------ edges
 
     def redistribute_s(self, nbytes: float, have: tuple[Placement, ...], want: tuple[Placement, ...],
                        is_aligned: tuple[bool, ...], partial: tuple[bool, ...], mesh: Mesh) -> float:
         """Forward + backward time to move a tensor of ``nbytes`` (full size) from placements
         ``have`` to ``want`` (``traffic.relayout_collectives``, priced)."""
-        return self.price(relayout_moves(nbytes, have, want, is_aligned, partial, mesh.shape), mesh)
+        return self.moves_s(relayout_moves(nbytes, have, want, is_aligned, partial, mesh.shape), mesh)
+
+
+def _calls(items) -> int:
+    return sum(1 if isinstance(i, Collective) else len(i) for i in items)
 
 
 def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool,
@@ -123,10 +139,17 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     dtype = cm.training.compute_dtype
     local_bytes = sum(spec.nbytes * cm.training.scale(spec) / cfg.shards(t, shape) for t, spec in zip(terms, op.operands))
     local_bytes += op.output.nbytes * cm.training.scale(op.output) / cfg.shards(out, shape)
-    forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
-    compute = forward + cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                          cm.device, dtype)
-    p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = 0.0
+    tt = cm.terms
+    scale = tt.matmul_scale if op.family in MATMUL_FAMILIES else tt.other_compute_scale
+    forward = scale * cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
+    compute = forward + scale * cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
+                                                  cm.device, dtype)
+    # operator-level layouts (something besides the batch split over a mesh axis) pay a
+    # dispatch cost per operator, and issue their collectives one call each
+    model_parallel = any(s not in (None, "b") and n > 1 for s, n in zip(cfg.splits, shape))
+    if model_parallel:
+        compute += tt.per_sharded_op_s
+    p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = updated = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None:
@@ -150,7 +173,11 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
         fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
-    comm = cm.price(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage), mesh)
+        updated += local_numel / (d if zero_stage >= 1 else 1)
+    moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage))
+    comm = tt.grad_comm_scale * cm.price(moves, mesh)
+    if model_parallel:
+        comm += tt.per_collective_s * _calls(moves)
     act = 0.0
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
@@ -166,7 +193,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
     grad_in += op.backward_extra_bytes * cm.training.scale(op.output) / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
-                    grad_out, regathered)
+                    grad_out, regathered, tt.optimizer_s_per_param * updated)
 
 
 def _relayout_transient_bytes(nbytes: float, have, want, is_aligned, mesh: Mesh) -> float:

@@ -260,8 +260,8 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
         built.append((g, problem))
     # activations cross each boundary forward and their gradients backward, each device
     # sending its share
-    p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
-                              link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+    p2p = cm.terms.p2p_scale * max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size,
+                                                   2, link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
     buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
     bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
                         float(scale), p2p)
@@ -291,9 +291,10 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
     out = []
     for (t, peak), pick in zip(points, picks):
         m = max(f[k, 1] for f, k in zip(fronts, pick))
-        build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), float(t), p2p,
+        t = float(t) + ctx.fixed_s
+        build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), t, p2p,
                         stages, microbatches, buffers)
-        out.append(Candidate(float(t), float(m), float(peak), build))
+        out.append(Candidate(t, float(m), float(peak), build))
     return out
 
 
@@ -319,10 +320,10 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
         held, peak = peak_model(problem, g, microbatches).evaluate(np.array([a]))[0, 1:]
         times.append(problem.cost_graph.cost(a)[0])
         solved.append((g, problem, ([a], [float(held)], [float(peak)])))
-    p2p = max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size, 2,
-                              link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+    p2p = cm.terms.p2p_scale * max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size,
+                                                   2, link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
     buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
-    t = scale * (max(times) + p2p)
+    t = scale * (max(times) + p2p) + ctx.fixed_s
     return _build_plan(ctx, sub, link, mesh, specs, solved, (0,) * len(specs), float(t), p2p, stages,
                        microbatches, buffers, zero_stage)
 
@@ -332,7 +333,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     mb_graph = ctx.graph
     stage_plans = []
     for spec, (g, problem, (assignments, memories, peaks)), k, held in zip(specs, solved, pick, buffers):
-        sp = plan_from_assignment(replace(ctx, graph=g), problem, assignments[k], label=f"stage {spec.index}",
+        sp = plan_from_assignment(replace(ctx, graph=g, fixed_s=0.0), problem, assignments[k], label=f"stage {spec.index}",
                                   microbatches=microbatches, held_peak=(memories[k], peaks[k]))
         stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
                                    breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))

@@ -23,7 +23,7 @@ from .planner import MeshProblem, returned_ops
 from .strategy import output_placements
 from .training import TrainingConfig
 
-__all__ = ["PlanContext", "Candidate", "plan_from_assignment", "summarize"]
+__all__ = ["PlanContext", "Candidate", "plan_from_assignment", "assignment_of", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class PlanContext:
     param_signature: str         # ``capture.param_signature`` of the model
     epsilon: float
     devices: str                 # the device set as the user named it
+    fixed_s: float = 0.0         # a fixed cost per step (``CostTerms.fixed_s``), added to every plan
     # how many problems each peak search (``peak_search.solve_problem``) served, filled as it runs
     peak_searches: Counter = field(default_factory=Counter, compare=False)
 
@@ -79,7 +80,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     for scope, table in problem.resaved:
         if scope[-1] not in recomputed_ops:
             copies[scope[-1]] += problem.activation_factor * table[tuple(a[v] for v in scope)]
-    ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, param_bytes=0.0,
+    ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, update_s=0.0, param_bytes=0.0,
                            grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
     for i, op in enumerate(graph.operators):
         cfg = problem.configs[i][a[i]]
@@ -96,16 +97,18 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
                             compute_s=cost.compute_s + (cost.forward_s if again else 0.0), comm_s=cost.comm_s,
                             relayout_s=float(relayout[i]),
                             param_bytes=cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes,
-                            activation_bytes=act))
+                            activation_bytes=act, update_s=cost.update_s))
         totals["compute_s"] += cost.compute_s
         totals["recompute_s"] += cost.forward_s if again else 0.0
         totals["comm_s"] += cost.comm_s
+        totals["update_s"] += cost.update_s
         totals["param_bytes"] += cost.param_bytes
         totals["grad_bytes"] += cost.grad_bytes
         totals["optimizer_bytes"] += cost.optimizer_bytes
         totals["activation_bytes"] += act
     totals["relayout_s"] = float(relayout.sum())
     t, m = problem.cost_graph.cost(a)
+    t += ctx.fixed_s
     m += float(copies.sum())
     if held_peak is None:
         held_peak = build_peak_model(problem, graph, microbatches).evaluate(np.array([a]))[0, 1:]
@@ -124,6 +127,21 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
                 training={"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
                 param_signature=ctx.param_signature, label=label, epsilon=ctx.epsilon,
                 zero_stage=problem.zero_stage, recompute=tuple(recomputed), inputs=graph.inputs)
+
+
+def assignment_of(plan: Plan, problem: MeshProblem, graph: OpGraph) -> list[int]:
+    """The inverse of :func:`plan_from_assignment`: ``plan``'s configuration index per
+    operator of ``problem``, then per recompute unit 1 where the plan recomputes it."""
+    if len(plan.ops) != len(graph.operators):
+        raise ValueError(f"plan has {len(plan.ops)} operators, the graph {len(graph.operators)}")
+    out = []
+    for i, (op, choice) in enumerate(zip(graph.operators, plan.ops)):
+        index = {str(c): j for j, c in enumerate(problem.configs[i])}
+        if choice.config not in index:
+            raise ValueError(f"{op.name}: configuration {choice.config} is not one of the problem's")
+        out.append(index[choice.config])
+    recomputed = set(plan.recompute)
+    return out + [1 if name in recomputed else 0 for name, _ in problem.units]
 
 
 def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -> str:

@@ -167,7 +167,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     nodes = []
     for i, (op, cs) in enumerate(zip(graph.operators, costs)):
         act = 0.0 if i in in_unit else activation_factor
-        table = np.array([[c.compute_s + comm_factor * c.comm_s, c.memory_bytes + (act - 1) * c.activation_bytes
+        table = np.array([[c.compute_s + comm_factor * (c.comm_s + c.update_s), c.memory_bytes + (act - 1) * c.activation_bytes
                            + (c.output_bytes if i in kept else 0.0)] for c in cs])
         if i in tied:
             table[:, 0] += tied[i]
@@ -277,7 +277,7 @@ def _tied_parameter_times(graph: OpGraph, configs, mesh: Mesh, cost_model: CostM
     out: dict[int, np.ndarray] = {}
     for i, k in tied_uses(graph):
         op = graph.operators[i]
-        times = [cost_model.price(tied_use_moves(op, k, c, mesh.shape, cost_model.training), mesh)
+        times = [cost_model.moves_s(tied_use_moves(op, k, c, mesh.shape, cost_model.training), mesh)
                  for c in configs[i]]
         out[i] = out.get(i, 0.0) + np.array(times)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Callable
 
+from .cost_terms import CostTerms
 from .costmodel import CostModel
 from .mesh import Cluster, Mesh
 from .training import TrainingConfig
@@ -13,13 +14,15 @@ from .training import TrainingConfig
 __all__ = ["cost_models"]
 
 
-def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None = None
-                ) -> Callable[[Mesh], CostModel]:
+def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None = None,
+                terms: CostTerms | None = None) -> Callable[[Mesh], CostModel]:
     """mesh -> CostModel. A measured profile replaces the device's peak figures, the compute
     curves and, per mesh, the collectives' α and B (the fit of the mesh's group size where
-    all its axes have one measured size, else the joint fit over group sizes)."""
+    all its axes have one measured size, else the joint fit over group sizes). ``terms``:
+    fitted terms every node and edge is priced with (``cost_terms``)."""
+    terms = terms or CostTerms()
     if profile is None:
-        model = CostModel(cluster.device, training=training)
+        model = CostModel(cluster.device, training=training, terms=terms)
         return lambda mesh: model
     from .profile.data import Profile
 
@@ -42,6 +45,6 @@ def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None 
             collectives = prof.collective_model(mesh.links[0], group_size=group)
         except ValueError:
             collectives = prof.collective_model(mesh.links[0])
-        return CostModel(device, compute, collectives, training)
+        return CostModel(device, compute, collectives, training, terms)
 
     return for_mesh

@@ -10,7 +10,9 @@ The search, step by step, each in the module that holds it:
    far dominates skipped (``search_jobs``, ``engine.bounds``, ``peak_search``);
 5. one frontier over all candidates on (time, peak), their plans built (``plan_builder``),
    the reference plans (``references``) -> :class:`~tensoropt.frontiers.Frontier`;
-6. optionally re-priced with a whole-step calibration (``calibration``).
+
+Fitted cost terms (``calibration``, ``cost_terms``) enter at step 2: every node and edge is
+priced with them, so the frontier is exact for the calibrated model.
 
 ``devices="up to 64xA100-80GB"`` runs it per device count and merges the frontiers
 (``scaling``).
@@ -24,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .budget import InfeasibleBudget
-from .calibration import recalibrate
+from .cost_terms import CostTerms
 from .capture.recapture import Recapture, capture_model
 from .capture.signature import param_signature
 from .engine.pareto import prune_rows
@@ -78,11 +80,10 @@ def frontier(
     ``devices``: ``"8xA100-80GB"``, ``"4x8xH100"``, ``"cpu:4"`` or a :class:`Cluster`;
     ``"up to 64xA100-80GB"`` searches 1, 2, 4, … 64 devices and returns a
     :class:`~tensoropt.scaling.ScalingFrontier` (the device count as a third objective).
-    ``calibration``: a whole-step calibration fitted on measured runs (``scripts/validate.py``)
-    that re-prices the frontier's plans afterwards (compute scale, per-collective and
-    per-operator overheads, fixed cost per step) and keeps the Pareto-optimal ones; plans
-    pruned during the search are not revisited, so this is an approximation
-    (``breakdown["model_time_s"]`` keeps each plan's uncalibrated time).
+    ``calibration``: cost terms fitted on measured runs (``scripts/validate.py`` on CPU steps,
+    ``scripts/validate_published.py`` on published GPU runs; :class:`~tensoropt.cost_terms.CostTerms`)
+    that price every operator and edge during the search: achieved-efficiency scales,
+    per-collective and per-operator overheads, the optimizer step, a fixed cost per step.
     The other keywords are :class:`~tensoropt.search_options.SearchOptions`' fields:
     ``precision`` (``"bf16-mixed"``, the default on GPUs, or ``"fp32"``, on CPU), ``optimizer``,
     ``profile`` (a measured profile, ``tensoropt profile``, to price compute and collectives
@@ -107,7 +108,8 @@ def frontier(
     the input batch. Each mesh's engine search is on the sum; the per-mesh, per-ZeRO-stage and
     pipeline frontiers are merged on the peak, so no returned plan is dominated in (time, peak).
     """
-    options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, epsilon=epsilon,
+    options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, calibration=calibration,
+                            epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
                             pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
                             memory_limit=memory_limit, prune_meshes=prune_meshes)
@@ -115,13 +117,10 @@ def frontier(
     graph, module, recapture = capture_model(model, inputs, batch_size)
     scaling = parse_scaling(devices)
     if scaling is None:
-        f = search(graph, param_signature(module), recapture, devices, options, start)
-        return f if calibration is None else recalibrate(f, calibration, graph)
+        return search(graph, param_signature(module), recapture, devices, options, start)
     n_max, device = scaling
     per_count = {n: search(graph, param_signature(module), recapture, f"{n}x{device}", options, start)
                  for n in device_counts(n_max)}
-    if calibration is not None:
-        per_count = {n: recalibrate(f, calibration, graph) for n, f in per_count.items()}
     return ScalingFrontier.merge(graph.name, device, per_count)
 
 
@@ -129,13 +128,13 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
              tp: int = 1, pp: int = 1, dp: int | None = None, microbatches: int = 1, recompute: str = "none",
              zero: int = 0, sequence_parallel: bool = False, batch_size: int | None = None,
              precision: str | None = None, optimizer: str = "adam", profile: str | None = None,
-             label: str = "yours") -> Plan:
+             calibration: str | None = None, label: str = "yours") -> Plan:
     """The plan a user already runs, priced by the frontier's cost model, to compare with it
     (``Frontier.plot(yours=plan)``). ``tp``, ``pp``, ``dp``, ``microbatches`` (per step),
     ``recompute`` ("none", "selective" or "full"), ``zero`` (stage over dp) and
     ``sequence_parallel``: see :class:`tensoropt.setups.Setup`; ``model``, ``devices``,
-    ``inputs``, ``batch_size`` (the global batch), ``precision``, ``optimizer`` and
-    ``profile`` as for :func:`frontier`."""
+    ``inputs``, ``batch_size`` (the global batch), ``precision``, ``optimizer``, ``profile``
+    and ``calibration`` as for :func:`frontier`."""
     setup = Setup(tp=tp, pp=pp, dp=dp, microbatches=microbatches, recompute=recompute, zero=zero,
                   sequence_parallel=sequence_parallel)
     cluster = parse_devices(devices)
@@ -143,13 +142,14 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
     graph, module, recapture = capture_model(model, inputs, batch_size)
     training = _training(SearchOptions(precision=precision, optimizer=optimizer), cluster)
     label_devices = devices if isinstance(devices, str) else str(cluster)
-    ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices)
+    terms = CostTerms.load(calibration) if calibration else CostTerms()
+    ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices, fixed_s=terms.fixed_s)
     micro = None
     if microbatches > 1:
         if graph.batch_size % microbatches:
             raise ValueError(f"{microbatches} micro-batches do not divide the batch of {graph.batch_size}")
         micro = recapture(graph.batch_size // microbatches)
-    return setup_plan(ctx, micro, cluster, setup, cost_models(cluster, training, profile), label=label)
+    return setup_plan(ctx, micro, cluster, setup, cost_models(cluster, training, profile, terms), label=label)
 
 
 def _training(options: SearchOptions, cluster: Cluster) -> TrainingConfig:
@@ -167,9 +167,10 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     label = devices if isinstance(devices, str) else str(cluster)
     space = SearchSpace.for_cluster(cluster, options.max_mesh_dims, options.coarse)
     training = _training(options, cluster)
-    cost_for = cost_models(cluster, training, options.profile)
+    terms = CostTerms.load(options.calibration) if options.calibration else CostTerms()
+    cost_for = cost_models(cluster, training, options.profile, terms)
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
-    ctx = PlanContext(graph, training, signature, options.epsilon, label)
+    ctx = PlanContext(graph, training, signature, options.epsilon, label, fixed_s=terms.fixed_s)
 
     with memory_cap(options.memory_cap_bytes(), MEMORY_ADVICE):
         problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, deadline)
@@ -181,7 +182,8 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     stats = {"search_s": deadline.elapsed_s(), "meshes": sorted({str(p.mesh) for p in problems}),
              "operators": len(graph.operators), "candidates": len(candidates), **job_stats,
              "search_space": space.describe(), "peak_search": dict(ctx.peak_searches),
-             "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph)}
+             "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph),
+             "calibration": options.calibration}
     return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats)
 
 

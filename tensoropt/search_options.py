@@ -28,6 +28,8 @@ class SearchOptions:
     optimizer: str = "adam"
     #: path of a measured profile (``tensoropt profile``) that prices compute and collectives
     profile: str | None = None
+    #: path of fitted cost terms (``cost_terms.CostTerms``) that price every node and edge
+    calibration: str | None = None
     #: > 0: a (1+ε)-approximate frontier per mesh (``engine.solve``)
     epsilon: float = 0.0
     #: meshes of at most this many axes

@@ -141,7 +141,7 @@ def _accumulated(ctx: PlanContext, micro: OpGraph, mesh, cm, m: int, choose, zer
     b = dict(plan.breakdown)
     for k in ("compute_s", "recompute_s", "relayout_s"):      # per micro-batch; comm_s is per step
         b[k] = b.get(k, 0.0) * m
-    return replace(plan, time_s=plan.time_s * m, breakdown=b, microbatches=m,
+    return replace(plan, time_s=(plan.time_s - ctx.fixed_s) * m + ctx.fixed_s, breakdown=b, microbatches=m,
                    training={**plan.training, "batch_size": ctx.graph.batch_size}, inputs=ctx.graph.inputs)
 
 

@@ -1,4 +1,4 @@
-"""Validation package: whole-step calibration fit, accuracy statistics, measurement worker.
+"""Validation package: the cost terms' fit, accuracy statistics, measurement worker.
 
 No test asserts wall-clock timings.
 """
@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from tensoropt.validate.fit import TERMS, StepCalibration, fit_calibration, step_features
+from tensoropt.validate.fit import TERMS, CostTerms, fit_calibration, step_features
 from tensoropt.validate.report import (
     max_abs_rel_error,
     median_abs_rel_error,
@@ -24,15 +24,17 @@ from tensoropt.validate.report import (
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
-KNOWN = dict(compute_scale=1.7, comm_scale=1.3, per_collective_s=4e-4, per_sharded_op_s=1.5e-3,
-             optimizer_s_per_param=2e-8, fixed_s=0.012)
+KNOWN = dict(matmul_scale=1.7, other_compute_scale=2.4, relayout_scale=1.3, grad_comm_scale=0.9, p2p_scale=1.1,
+             per_collective_s=4e-4, per_sharded_op_s=1.5e-3, optimizer_s_per_param=2e-8, fixed_s=0.012)
 
 
 def _synthetic_features(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n):
-        rows.append({"compute_s": float(rng.uniform(0.005, 0.08)), "comm_s": float(rng.uniform(0.0, 0.03)),
+        rows.append({"matmul_s": float(rng.uniform(0.005, 0.08)), "other_compute_s": float(rng.uniform(0.001, 0.02)),
+                     "relayout_s": float(rng.uniform(0.0, 0.03)), "grad_comm_s": float(rng.uniform(0.0, 0.03)),
+                     "p2p_s": float(rng.uniform(0.0, 0.01)),
                      "collective_calls": float(rng.integers(0, 40)),
                      "sharded_ops": float(rng.choice([0, 20, 34, 50])),
                      "local_params": float(rng.uniform(1e5, 2e6))})
@@ -41,7 +43,7 @@ def _synthetic_features(n: int, seed: int = 0) -> list[dict]:
 
 def test_fit_recovers_known_terms_exactly():
     feats = _synthetic_features(40)
-    truth = StepCalibration(**KNOWN)
+    truth = CostTerms(**KNOWN)
     y = truth.predict(feats)
     cal = fit_calibration(feats, y)
     for t, v in KNOWN.items():
@@ -51,7 +53,7 @@ def test_fit_recovers_known_terms_exactly():
 
 def test_fit_recovers_known_terms_with_small_noise():
     feats = _synthetic_features(400, seed=1)
-    truth = StepCalibration(**KNOWN)
+    truth = CostTerms(**KNOWN)
     rng = np.random.default_rng(2)
     y = truth.predict(feats) * (1 + rng.normal(0, 0.002, len(feats)))
     cal = fit_calibration(feats, y)
@@ -61,15 +63,15 @@ def test_fit_recovers_known_terms_with_small_noise():
 
 def test_fit_subset_keeps_other_terms_neutral():
     feats = _synthetic_features(30, seed=3)
-    truth = StepCalibration(fixed_s=0.02, per_collective_s=1e-3)
+    truth = CostTerms(fixed_s=0.02, per_collective_s=1e-3)
     y = truth.predict(feats)
     cal = fit_calibration(feats, y, ["fixed_s", "per_collective_s"])
     assert cal.fixed_s == pytest.approx(0.02, rel=0.02)
     assert cal.per_collective_s == pytest.approx(1e-3, rel=0.02)
-    assert cal.compute_scale == 1.0 and cal.comm_scale == 1.0 and cal.per_sharded_op_s == 0.0
-    # uncalibrated = the plan's own time = compute + comm
-    raw = StepCalibration()
-    assert raw.predict({"compute_s": 0.01, "comm_s": 0.002, "collective_calls": 5}) == pytest.approx(0.012)
+    assert cal.matmul_scale == 1.0 and cal.relayout_scale == 1.0 and cal.per_sharded_op_s == 0.0
+    # uncalibrated = the plan's own time: the sum of the time features
+    raw = CostTerms()
+    assert raw.predict({"matmul_s": 0.01, "grad_comm_s": 0.002, "collective_calls": 5}) == pytest.approx(0.012)
 
 
 def test_fit_rejects_bad_input():
@@ -83,13 +85,13 @@ def test_fit_rejects_bad_input():
 
 
 def test_calibration_json_round_trip(tmp_path):
-    cal = StepCalibration(**KNOWN, fitted=("fixed_s",), meta={"pairs": 3})
+    cal = CostTerms(**KNOWN, fitted=("fixed_s",), meta={"pairs": 3})
     path = tmp_path / "cal.json"
     cal.save(path)
-    back = StepCalibration.load(path)
+    back = CostTerms.load(path)
     assert back.terms() == cal.terms() and back.fitted == ("fixed_s",)
     with pytest.raises(ValueError):
-        StepCalibration.from_dict({"format": "something else"})
+        CostTerms.from_dict({"format": "something else"})
 
 
 def test_error_statistics_by_hand():
@@ -124,10 +126,14 @@ def test_step_features_of_a_frontier_plan():
     graph = capture_graph("mlp-small")
     dp = f.reference["data parallel"]
     feats = step_features(dp, graph)
-    assert feats["compute_s"] + feats["comm_s"] == pytest.approx(dp.time_s)
     assert feats["sharded_ops"] == 0                           # all axes data-parallel
-    assert feats["collective_calls"] >= 1                      # gradient all-reduces
-    assert StepCalibration().predict(feats) == pytest.approx(dp.time_s)
+    assert feats["collective_calls"] == 0                      # its gradient reductions are bucketed
+    assert feats["grad_comm_s"] > 0 and feats["matmul_s"] > 0
+    assert CostTerms().predict(feats) == pytest.approx(dp.time_s)
+    tp = next(p for p in f.plans if "tp" in p.summary)
+    feats = step_features(tp, graph)
+    assert feats["sharded_ops"] > 0 and feats["collective_calls"] > 0
+    assert CostTerms().predict(feats) == pytest.approx(tp.time_s)
 
 
 def test_selected_pipeline_plans_are_skipped_with_a_reason():
@@ -140,27 +146,34 @@ def test_selected_pipeline_plans_are_skipped_with_a_reason():
     graph = capture_graph("gpt")
     for c in cands:
         if c.applicable:
-            step_features(c.plan, graph, c.apply_mode)   # what scripts/validate.py computes
+            step_features(c.plan, graph)                 # what scripts/validate.py computes
 
 
-def test_calibrated_frontier_reprices_and_prunes():
+def test_calibrated_search_is_exact_for_the_calibrated_model(tmp_path):
+    """Fitted terms price nodes and edges before the engine runs: every plan's time is the
+    terms' prediction from its features, and no plan of the uncalibrated search, re-priced
+    with the terms, beats the calibrated frontier at its memory."""
     import tensoropt
+    from tensoropt.budget import fastest_within
     from tensoropt.validate.cases import capture_graph, make_inputs, make_model
-    from tensoropt.validate.fit import calibrated_frontier
 
-    f = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", inputs=make_inputs("mlp-small", "meta"),
-                           progress=False)
+    terms = CostTerms(matmul_scale=1.8, other_compute_scale=3.0, relayout_scale=1.5, per_collective_s=2e-3,
+                      per_sharded_op_s=1e-3, optimizer_s_per_param=1e-8, fixed_s=0.01)
+    path = tmp_path / "terms.json"
+    terms.save(path)
+    kw = dict(inputs=make_inputs("mlp-small", "meta"), progress=False, pipeline=False)
+    plain = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", **kw)
+    cal = tensoropt.frontier(make_model("mlp-small", "meta"), "cpu:2", calibration=str(path), **kw)
     graph = capture_graph("mlp-small")
-    plans = list(f.plans) + list(f.reference.values())
-    neutral = calibrated_frontier(plans, StepCalibration(), graph)
-    assert [p.summary for p, _ in neutral][0] == f.min_time().summary
-    for p, t in neutral:
-        assert t == pytest.approx(p.time_s)
-    mems = [p.peak_memory_bytes for p, _ in neutral]       # the frontier's axis
-    assert all(a > b for a, b in zip(mems, mems[1:]))
-    # A large per-operator overhead of operator-level layouts makes a data-parallel plan fastest.
-    heavy = calibrated_frontier(plans, StepCalibration(per_sharded_op_s=1.0), graph)
-    assert step_features(heavy[0][0], graph)["sharded_ops"] == 0
+    assert cal.stats["calibration"] == str(path)
+    for p in cal.plans:
+        assert p.time_s == pytest.approx(terms.predict(step_features(p, graph)), rel=1e-9)
+    for p in plain.plans:
+        t = terms.predict(step_features(p, graph))
+        best = fastest_within(cal.plans, p.peak_memory_bytes * (1 + 1e-12))
+        assert best is not None and best.time_s <= t * (1 + 1e-9)
+    # the fitted per-operator overhead of operator-level layouts is in the plans' own times
+    assert [p.summary for p in cal.plans] != [p.summary for p in plain.plans]
 
 
 def test_worker_end_to_end_world2(tmp_path):
@@ -203,12 +216,13 @@ def test_validate_script_analysis_on_synthetic_pairs():
     spec = importlib.util.spec_from_file_location("validate_script", os.path.join(ROOT, "scripts", "validate.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    truth = StepCalibration(fixed_s=0.03, compute_scale=2.0, per_collective_s=2e-3, per_sharded_op_s=1e-3)
+    truth = CostTerms(fixed_s=0.03, matmul_scale=2.0, other_compute_scale=1.5, per_collective_s=2e-3,
+                      per_sharded_op_s=1e-3)
     feats = _synthetic_features(24, seed=5)
     pairs = []
     for i, f in enumerate(feats):
         t = truth.predict(f)
-        f = dict(f, predicted_s=f["compute_s"] + f["comm_s"])
+        f = dict(f, predicted_s=CostTerms().predict(f))
         pairs.append({"model": "m%d" % (i % 3), "world": 2, "predicted_time_s": f["predicted_s"], "features": f,
                       "measured_time_s": t, "measured_cpu_time_s": t / 2})
     out, all_fit = mod.analyse(pairs, mod.DEFAULT_TERMS, "wall")

@@ -1,5 +1,5 @@
-"""Fitting calibrations on measured runs: the whole-step terms of
-:mod:`tensoropt.calibration` and the memory terms below.
+"""Fitting calibrations on measured runs: the cost terms of :mod:`tensoropt.cost_terms`
+(on the features of :func:`tensoropt.calibration.step_features`) and the memory terms below.
 
 The fit minimises the sum of squared *relative* residuals with non-negative terms
 (``scipy.optimize.nnls`` on rows scaled by 1/measured).
@@ -12,16 +12,16 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..calibration import (CALIBRATION_FORMAT, FEATURES, NEUTRAL, TERMS, StepCalibration, calibrated_frontier,
-                           feature_value, has_model_axis, step_features)
+from ..calibration import has_model_axis, step_features
+from ..cost_terms import COST_TERMS_FORMAT, FEATURES, NEUTRAL, TERMS, CostTerms, feature_value
 from ..placement import Shard, parse_placements
 
-__all__ = ["TERMS", "FEATURES", "StepCalibration", "fit_calibration", "step_features", "calibrated_frontier",
-           "CALIBRATION_FORMAT", "MEMORY_TERMS", "MemoryCalibration", "memory_features", "fit_memory_calibration"]
+__all__ = ["TERMS", "FEATURES", "CostTerms", "fit_calibration", "step_features", "COST_TERMS_FORMAT",
+           "MEMORY_TERMS", "MemoryCalibration", "memory_features", "fit_memory_calibration"]
 
 
 def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterable[float],
-                    terms: Sequence[str] = tuple(TERMS)) -> StepCalibration:
+                    terms: Sequence[str] = tuple(TERMS)) -> CostTerms:
     """Fit ``terms`` (others neutral) to minimise sum(((t_pred - t_meas) / t_meas)^2), terms >= 0."""
     from scipy.optimize import nnls
 
@@ -34,9 +34,8 @@ def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterabl
     if unknown:
         raise ValueError(f"unknown terms {unknown}; known: {list(TERMS)}")
     terms = tuple(t for t in TERMS if t in terms)
-    cal = StepCalibration(fitted=terms)
     if not terms:
-        return cal
+        return CostTerms()
     fixed = [t for t in TERMS if t not in terms]
     offset = np.array([sum(NEUTRAL.get(t, 0.0) * feature_value(f, TERMS[t]) for t in fixed) for f in features])
     A = np.array([[feature_value(f, TERMS[t]) for t in terms] for f in features], dtype=float)
@@ -47,9 +46,7 @@ def fit_calibration(features: Sequence[Mapping[str, float]], measured_s: Iterabl
     norms[norms == 0] = 1.0
     x, _ = nnls(Aw / norms, (y - offset) * w)
     x = x / norms
-    for t, v in zip(terms, x):
-        setattr(cal, t, float(v))
-    return cal
+    return CostTerms(**{t: float(v) for t, v in zip(terms, x)}, fitted=terms)
 
 
 # ---------------------------------------------------------------------------------- memory
