@@ -1,0 +1,195 @@
+"""Predicted vs published: large-scale GPU training runs (data/published/) as plans.
+
+    .venv/bin/python scripts/validate_published.py            # price every case, fit, report
+    .venv/bin/python scripts/validate_published.py --reuse    # fit and report on the saved prices
+
+Every row whose kernels the cost model prices alike becomes a plan (``tensoropt.plan_for``
+with the row's degrees, ``tensoropt.validate.published``); its predicted iteration time is
+split into the parts the GPU-side terms scale (matrix-unit compute per device generation,
+other compute, tensor-parallel re-layouts, gradient traffic, pipeline sends). The terms are
+fitted on every other case of each source (non-negative least squares on relative error) and
+judged on the cases held out. Writes data/validation/published.json,
+data/validation/published_vs_predicted.png and the fitted terms as cost terms per device
+generation, data/validation/gpu_terms_{a100,h100}.json (``frontier(..., calibration=path)``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tensoropt.cost_terms import CostTerms  # noqa: E402
+from tensoropt.validate.published import TIME_TERMS, cases, price, time_features  # noqa: E402
+
+OUT = ROOT / "data" / "validation" / "published.json"
+# pipeline sends are a few percent of any row's time: their scale stays the datasheet's
+FITTED = ("matmul_a100", "matmul_h100", "other_compute", "relayout", "grad_comm")
+PLOT = ROOT / "data" / "validation" / "published_vs_predicted.png"
+
+
+def priced_rows(reuse: bool, only: list[str] | None) -> tuple[list[dict], list[dict]]:
+    found, skipped = cases()
+    old = {}
+    if reuse and OUT.exists():
+        old = {r["case_id"]: r for r in json.loads(OUT.read_text())["cases"]}
+    rows = []
+    for case in found:
+        if only and case.case_id not in only:
+            continue
+        if case.case_id in old and "predicted_s" in old[case.case_id]:
+            rows.append(old[case.case_id])
+            continue
+        start = time.time()
+        row = {"case_id": case.case_id, "source": case.source, "devices": case.devices, "setup": case.setup,
+               "model": {"zoo": case.zoo, **case.overrides}, "global_batch": case.global_batch,
+               "published_s": case.published_s, "published_memory_bytes": case.published_memory_bytes,
+               "memory_kind": case.memory_kind, "assumptions": list(case.assumptions)}
+        try:
+            plan = price(case)
+        except Exception as err:                       # recorded, never silently dropped
+            row["error"] = f"{type(err).__name__}: {err}"
+            print(f"{case.case_id}: {row['error']}", flush=True)
+            rows.append(row)
+            continue
+        row.update(plan=plan.summary, predicted_s=plan.time_s, predicted_peak_bytes=plan.peak_memory_bytes,
+                   features=time_features(plan, case.devices.split("x")[-1]), price_s=time.time() - start)
+        print(f"{case.case_id}: predicted {plan.time_s:.2f} s, published {case.published_s} s "
+              f"({row['price_s']:.0f} s to price)", flush=True)
+        rows.append(row)
+        save(rows, skipped, None)                      # progress survives an interruption
+    return rows, skipped
+
+
+def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Every other case of each source, in case order, to fit; the rest held out."""
+    train, held = [], []
+    by_source: dict[str, list[dict]] = {}
+    for r in rows:
+        by_source.setdefault(r["source"], []).append(r)
+    for group in by_source.values():
+        for k, r in enumerate(sorted(group, key=lambda r: r["case_id"])):
+            (train if k % 2 == 0 else held).append(r)
+    return train, held
+
+
+def fit(train: list[dict]) -> dict[str, float]:
+    from scipy.optimize import nnls
+
+    used = [t for t in FITTED if any(r["features"][t] > 0 for r in train)]
+    fixed = [t for t in TIME_TERMS if t not in used]
+    y = np.array([r["published_s"] for r in train])
+    rest = np.array([sum(r["features"][t] for t in fixed) for r in train])
+    a = np.array([[r["features"][t] for t in used] for r in train]) / y[:, None]
+    theta, _ = nnls(a, 1 - rest / y)
+    return {t: (float(theta[used.index(t)]) if t in used else 1.0) for t in TIME_TERMS}
+
+
+def predict(r: dict, terms: dict[str, float]) -> float:
+    return sum(terms[t] * r["features"][t] for t in TIME_TERMS)
+
+
+def errors(rows: list[dict], terms: dict[str, float] | None) -> dict:
+    from scipy.stats import spearmanr
+
+    if not rows:
+        return {}
+    pred = np.array([predict(r, terms) if terms else r["predicted_s"] for r in rows])
+    pub = np.array([r["published_s"] for r in rows])
+    rel = pred / pub - 1
+    out = {"cases": len(rows), "median_abs_error": float(np.median(np.abs(rel))),
+           "max_abs_error": float(np.max(np.abs(rel))), "mean_error": float(np.mean(rel))}
+    if len(rows) > 2:
+        out["spearman"] = float(spearmanr(pred, pub).statistic)
+    return out
+
+
+def save(rows, skipped, summary) -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"what": "published GPU training runs priced as plans (scripts/validate_published.py)",
+           "cases": rows, "left_out": skipped}
+    if summary is not None:
+        doc.update(summary)
+    OUT.write_text(json.dumps(doc, indent=1))
+
+
+def plot(rows, terms, held_ids) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, calibrated in zip(axes, (False, True)):
+        for r in rows:
+            pred = predict(r, terms) if calibrated else r["predicted_s"]
+            held = r["case_id"] in held_ids
+            mk = "o" if r["source"].startswith("megatron_sc21") else ("s" if r["source"].startswith("korth")
+                                                                       else ("^" if "h100_2024" in r["source"]
+                                                                             else "D"))
+            ax.scatter(r["published_s"], pred, marker=mk, s=40, facecolors="none" if held else "tab:blue",
+                       edgecolors="tab:red" if held else "tab:blue")
+        lo = min(min(r["published_s"] for r in rows), 0.3)
+        hi = max(r["published_s"] for r in rows) * 1.5
+        ax.plot([lo, hi], [lo, hi], "k--", linewidth=0.8)
+        ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="gray", alpha=0.12,
+                        label="±15 %")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("published iteration time (s)")
+        ax.set_ylabel("predicted iteration time (s)")
+        ax.set_title("datasheet model" if not calibrated else "GPU terms fitted on filled points; "
+                                                                "open red = held out")
+        ax.grid(True, alpha=0.3, which="both")
+    axes[0].legend(handles=[
+        plt.Line2D([], [], marker="o", linestyle="", color="tab:blue", label="Megatron SC'21 (A100)"),
+        plt.Line2D([], [], marker="s", linestyle="", color="tab:blue", label="Korthikanti 2022 (A100)"),
+        plt.Line2D([], [], marker="^", linestyle="", color="tab:blue", label="Megatron on H100"),
+        plt.Line2D([], [], marker="D", linestyle="", color="tab:blue", label="torchtitan (H100)")], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reuse", action="store_true", help="keep the prices already in published.json")
+    ap.add_argument("--only", nargs="*", help="case ids to price")
+    args = ap.parse_args()
+    rows, skipped = priced_rows(args.reuse, args.only)
+    timed = [r for r in rows if "predicted_s" in r and r.get("published_s")]
+    train, held = split(timed)
+    terms = fit(train)
+    held_ids = {r["case_id"] for r in held}
+    for r in rows:
+        if "predicted_s" in r:
+            r["role"] = "held out" if r["case_id"] in held_ids else "fit"
+            r["calibrated_s"] = predict(r, terms)
+    memory = [{"case_id": r["case_id"], "predicted_peak_bytes": r["predicted_peak_bytes"],
+               "published_bytes": r["published_memory_bytes"], "published_kind": r["memory_kind"],
+               "error": r["predicted_peak_bytes"] / r["published_memory_bytes"] - 1}
+              for r in rows if "predicted_s" in r and r.get("published_memory_bytes")]
+    summary = {"terms": terms, "term_meaning": "multipliers of the predicted time's parts (1 = datasheet model)",
+               "datasheet": {"all": errors(timed, None), "held_out": errors(held, None)},
+               "fitted": {"fit": errors(train, terms), "held_out": errors(held, terms)},
+               "memory": memory,
+               "machine": "priced on a 2-core CPU machine (no GPU); the published figures are the authors'"}
+    save(rows, skipped, summary)
+    plot(timed, terms, held_ids)
+    for gen in ("a100", "h100"):
+        CostTerms(matmul_scale=terms[f"matmul_{gen}"], other_compute_scale=terms["other_compute"],
+                  relayout_scale=terms["relayout"], grad_comm_scale=terms["grad_comm"], p2p_scale=terms["p2p"],
+                  fitted=tuple(f"{t}" for t in FITTED),
+                  meta={"fitted_on": sorted(r["case_id"] for r in train), "source": "scripts/validate_published.py",
+                        "device": gen.upper()}).save(OUT.parent / f"gpu_terms_{gen}.json")
+    print(json.dumps({k: summary[k] for k in ("terms", "datasheet", "fitted", "memory")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
