@@ -637,14 +637,11 @@ The cost terms fitted on other runs price the search itself; the two plans measu
 above, priced with them (their features are their times under each term alone):
 """),
     code("""
-from tensoropt.calibration import step_features
-from tensoropt.capture import capture
-from tensoropt.cost_terms import CostTerms
+from tensoropt.calibration import calibrated_time
 
-terms = CostTerms.load(CALIBRATION)
-graph = capture(model, inputs)
 fc = tensoropt.frontier(model, "cpu:2", inputs, profile=PROFILE, calibration=CALIBRATION, progress=False)
-table["calibrated_time_s"] = [terms.predict(step_features(p, graph, PROFILE)) for p in (plan, f.reference["data parallel"])]
+table["calibrated_time_s"] = [calibrated_time(p, model, inputs, CALIBRATION, PROFILE)
+                              for p in (plan, f.reference["data parallel"])]
 print("fastest within the budget under the calibrated model:", fc.best(memory_budget=budget))
 table[["plan", "predicted_time_s", "calibrated_time_s", "measured_time_s"]]
 """),

@@ -17,7 +17,7 @@ from .strategy import OpConfig
 from .training import TrainingConfig
 
 __all__ = ["TERMS", "FEATURES", "NEUTRAL", "CostTerms", "COST_TERMS_FORMAT", "feature_value", "step_features",
-           "has_model_axis"]
+           "calibrated_time", "has_model_axis"]
 
 
 def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
@@ -45,6 +45,15 @@ def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
         feats[feature] = float(problem.cost_graph.cost(assignment)[0])
     feats["predicted_s"] = float(plan.time_s)
     return feats
+
+
+def calibrated_time(plan, model, inputs, calibration: str, profile: str | None = None) -> float:
+    """``plan``'s step time priced with the cost terms saved at ``calibration``, as a search
+    with them prices it (``model``, ``inputs``: what the plan was searched on)."""
+    from .capture.recapture import capture_model
+
+    graph, _, _ = capture_model(model, inputs)
+    return CostTerms.load(calibration).predict(step_features(plan, graph, profile))
 
 
 def has_model_axis(plan) -> bool:
