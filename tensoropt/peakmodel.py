@@ -16,8 +16,12 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   forward holds at each operator the activations rematerialised so far, that operator's
   output, its inputs' forward layout moves, the unit's outputs still waiting for a later
   user, and the gradient of the unit's output and of those pending beyond it;
-* for FSDP2 ``replicate`` plans (data parallel without ZeRO), the unsharded parameter copy
-  and the gradients already reduced (measured on CPU/gloo: neither is released early).
+* for plans the apply layer runs with FSDP2 (every axis data-parallel): under ``replicate``
+  (no ZeRO) the unsharded parameter copy and the gradients already reduced (measured on
+  CPU/gloo: neither is released early); under ``fully_shard`` with ZeRO-2 the parameter
+  shards beside the gathered parameters; with ZeRO-3 the root group's gathered parameters
+  and those of the operator's block and the block prefetched next, gathered whole
+  (``_replicate_extra``).
 * the copy a consumer keeps of a saved tensor that another operator is charged for, where
   it moves that tensor to another layout (``MeshProblem.resaved``): held like its own
   activations, rematerialised when its unit recomputes;
@@ -201,9 +205,10 @@ def _widest_cut(g: PeakGraph) -> int:
 def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
     """Per operator, its configuration in a plan the apply layer runs with FSDP2 ``replicate``
     (every axis of more than one device splits the batch of every batched operator while the
-    others replicate, and no batch statistics are synchronised), or None when no plan of this
-    problem runs that way (ZeRO, pipeline stages, or an operator with no such configuration)."""
-    if problem.zero_stage or problem.accumulates:
+    others replicate, and no batch statistics are synchronised) -- or, under ZeRO-2/3, FSDP2
+    ``fully_shard`` -- or None when no plan of this problem runs that way (pipeline stages, or
+    an operator with no such configuration)."""
+    if problem.accumulates:
         return None
     shape = problem.mesh.shape
     if any(n > 1 for n in shape) and not any(op.batched for op in graph.operators):
@@ -312,7 +317,8 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)],
                    [r[pick[i]] for i, r in enumerate(reg_of)], moves, into,
-                   _replicate_extra(grads, params) if replicate else None,
+                   _replicate_extra(grads, params, problem, graph, [r[pick[i]] for i, r in enumerate(reg_of)])
+                   if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
                    problem.skips, tied, resave)
     groups = _groups(problem, graph)
@@ -495,10 +501,47 @@ def _sum(parts: list[Term]):
     return parts[0] if len(parts) == 1 else SumTerm(tuple(parts))
 
 
-def _replicate_extra(grads, params) -> list[np.ndarray]:
-    """Per operator (one configuration each here): what FSDP2 ``replicate`` holds while it
-    runs its backward -- the unsharded parameter copy, and the gradients of the operators
-    after it (reduced already, their buffers kept until backward ends)."""
+def _replicate_extra(grads, params, problem: MeshProblem, graph, regathered) -> list[np.ndarray]:
+    """Per operator (one configuration each here): what FSDP2 holds while it runs its
+    backward, beyond what the cost model charges operator by operator (measured on CPU/gloo).
+
+    * ``replicate`` (ZeRO 0): the unsharded parameter copy, and the gradients of the
+      operators after it (reduced already, their buffers kept until backward ends);
+    * ``fully_shard`` keeping parameters gathered after forward (ZeRO 2): the sharded
+      parameters beside the gathered ones; gradients are reduce-scattered into sharded ones;
+    * ``fully_shard`` resharding after forward (ZeRO 3), one group per repeated block and one
+      for the rest (the root, which keeps its parameters gathered from forward on): the
+      root's parameters, those of the operator's block and, prefetched, of the block whose
+      backward comes next (after the last block: the last block), less the gathered copy
+      the operator's own cost already holds (its parameters, a prefetch of their size and
+      their unsharded gradient)."""
+    zero, d = problem.zero_stage, problem.mesh.size
+    if zero == 2:
+        shard = float(sum(p[0] for p in params)) / d
+        return [np.array([shard]) for _ in grads]
+    if zero == 3:
+        full = np.array([p[0] * d for p in params])               # charged: the shard
+        block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
+        in_block = np.zeros(len(graph.blocks))
+        for i, b in block_of.items():
+            in_block[b] += full[i]
+        root = float(full.sum() - in_block.sum())
+        # gradient bytes per parameter byte, as the cost model charges them
+        ratio = next((g[0] / p[0] for g, p in zip(grads, params) if p[0] > 0), 1.0)
+        last = max(block_of.values(), default=-1)
+        first_block_op = min(block_of, default=len(params))
+        out = []
+        for i in range(len(params)):
+            b = block_of.get(i)
+            if b is None:
+                b_now = None
+                b_next = last if i > first_block_op else None     # after the blocks: the last one comes next
+            else:
+                b_now, b_next = b, b - 1 if b > 0 else None
+            held = root + sum(in_block[x] for x in (b_now, b_next) if x is not None)
+            own = float(regathered[i][0]) * (2 + ratio) * (1 - 1 / d)
+            out.append(np.array([max(held - own, 0.0)]))
+        return out
     copy = float(sum(p[0] for p in params))
     g = np.array([gr[0] for gr in grads])
     done = np.append(np.cumsum(g[::-1])[::-1][1:], 0.0)
