@@ -508,17 +508,20 @@ def _replicate_extra(grads, params, problem: MeshProblem, graph, regathered) -> 
     * ``replicate`` (ZeRO 0): the unsharded parameter copy, and the gradients of the
       operators after it (reduced already, their buffers kept until backward ends);
     * ``fully_shard`` keeping parameters gathered after forward (ZeRO 2): the sharded
-      parameters beside the gathered ones; gradients are reduce-scattered into sharded ones;
+      parameters beside the gathered ones, and the whole gradients its group has made so
+      far (reduce-scattered when the group's backward ends, ``_pending_group_grads``);
     * ``fully_shard`` resharding after forward (ZeRO 3), one group per repeated block and one
       for the rest (the root, which keeps its parameters gathered from forward on): the
       root's parameters, those of the operator's block and, prefetched, of the block whose
       backward comes next (after the last block: the last block), less the gathered copy
       the operator's own cost already holds (its parameters, a prefetch of their size and
-      their unsharded gradient)."""
+      their unsharded gradient); and the group's pending gradients, as under ZeRO 2."""
     zero, d = problem.zero_stage, problem.mesh.size
+    if zero:
+        pending = _pending_group_grads(np.array([g[0] * d for g in grads]), graph, d)
     if zero == 2:
         shard = float(sum(p[0] for p in params)) / d
-        return [np.array([shard]) for _ in grads]
+        return [np.array([shard + pending[i]]) for i in range(len(grads))]
     if zero == 3:
         full = np.array([p[0] * d for p in params])               # charged: the shard
         block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
@@ -540,12 +543,33 @@ def _replicate_extra(grads, params, problem: MeshProblem, graph, regathered) -> 
                 b_now, b_next = b, b - 1 if b > 0 else None
             held = root + sum(in_block[x] for x in (b_now, b_next) if x is not None)
             own = float(regathered[i][0]) * (2 + ratio) * (1 - 1 / d)
-            out.append(np.array([max(held - own, 0.0)]))
+            out.append(np.array([max(held - own, 0.0) + pending[i]]))
         return out
     copy = float(sum(p[0] for p in params))
     g = np.array([gr[0] for gr in grads])
     done = np.append(np.cumsum(g[::-1])[::-1][1:], 0.0)
     return [np.array([copy + done[i]]) for i in range(len(grads))]
+
+
+def _pending_group_grads(full_grads: np.ndarray, graph, devices: int) -> np.ndarray:
+    """Per operator, under FSDP2 ``fully_shard`` (one group per repeated block, one for the
+    rest): the whole gradients its group's operators after it have made, which wait for the
+    group's reduce-scatter at the end of its backward (the root group's: at the end of the
+    step's backward), and at the group's first operator the reduce-scatter's output."""
+    block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
+    out = np.zeros(len(full_grads))
+    seen: dict = {}
+    first: dict = {}
+    for i in range(len(full_grads) - 1, -1, -1):          # backward order
+        g = block_of.get(i, "root")
+        out[i] = seen.get(g, 0.0)
+        seen[g] = seen.get(g, 0.0) + full_grads[i]
+        first[g] = i
+    for g, i in first.items():
+        # the reduce-scatter's output shard, beside the whole gradients, before it is added
+        # to the kept one
+        out[i] += seen[g] / devices
+    return out
 
 
 def _input_terms(problem: MeshProblem, graph, microbatches: int, pick) -> list[Term]:
