@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tensoropt.cost_terms import CostTerms  # noqa: E402
-from tensoropt.validate.published import TIME_TERMS, cases, price, time_features  # noqa: E402
+from tensoropt.validate.published import TIME_TERMS, cases, frontier_of, price, time_features  # noqa: E402
 
 OUT = ROOT / "data" / "validation" / "published.json"
 # pipeline sends are a few percent of any row's time: their scale stays the datasheet's
@@ -116,6 +116,10 @@ def save(rows, skipped, summary) -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     doc = {"what": "published GPU training runs priced as plans (scripts/validate_published.py)",
            "cases": rows, "left_out": skipped}
+    if OUT.exists():                                   # frontier checks are kept (run with --frontier)
+        old = json.loads(OUT.read_text())
+        if "frontier_checks" in old:
+            doc["frontier_checks"] = old["frontier_checks"]
     if summary is not None:
         doc.update(summary)
     OUT.write_text(json.dumps(doc, indent=1))
@@ -157,11 +161,55 @@ def plot(rows, terms, held_ids) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
+def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False) -> None:
+    """Each case's plan, priced with the fitted terms, against the frontier searched with the
+    same terms at its memory: on the frontier, within 5 %, or how much faster the frontier
+    is and with which plan (``datasheet``: both priced by the datasheet model instead, to
+    tell a win of the layout from one of the fitted terms). Stored under
+    ``frontier_checks`` in published.json."""
+    doc = json.loads(OUT.read_text())
+    found = {c.case_id: c for c in cases()[0]}
+    checks = {(c["case_id"], c.get("model")): c for c in doc.get("frontier_checks", [])}
+    for cid in ids:
+        case = found[cid]
+        gen = "h100" if case.devices.endswith("H100") else "a100"
+        terms = None if datasheet else str(OUT.parent / f"gpu_terms_{gen}.json")
+        start = time.time()
+        mine = price(case, calibration=terms)
+        f = frontier_of(case, calibration=terms, max_mesh_dims=max_mesh_dims, progress=False)
+        best = f.fastest_within(mine.peak_memory_bytes)
+        row = {"case_id": cid, "model": "datasheet" if datasheet else f"gpu_terms_{gen}.json", "devices": case.devices, "setup": case.setup, "max_mesh_dims": max_mesh_dims,
+               "search_space": f.stats.get("search_space"), "search_s": time.time() - start,
+               "published_plan": mine.summary, "published_plan_s": mine.time_s,
+               "published_plan_peak_bytes": mine.peak_memory_bytes, "frontier_plans": len(f.plans)}
+        if best is None:
+            row["verdict"] = "no frontier plan holds as little"
+        else:
+            ratio = mine.time_s / best.time_s
+            row.update(frontier_plan=best.summary, frontier_plan_s=best.time_s,
+                       frontier_plan_peak_bytes=best.peak_memory_bytes, time_ratio=ratio,
+                       frontier_breakdown={k: v for k, v in best.breakdown.items() if k.endswith("_s")},
+                       published_breakdown={k: v for k, v in mine.breakdown.items() if k.endswith("_s")},
+                       verdict="on the frontier" if ratio <= 1 + 1e-9 else
+                       ("within 5 %" if ratio <= 1.05 else "frontier faster"))
+        print(json.dumps(row, default=str), flush=True)
+        checks[(cid, row["model"])] = row
+        doc["frontier_checks"] = list(checks.values())
+        OUT.write_text(json.dumps(doc, indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reuse", action="store_true", help="keep the prices already in published.json")
     ap.add_argument("--only", nargs="*", help="case ids to price")
+    ap.add_argument("--frontier", nargs="*", help="case ids whose plan to hold against the frontier "
+                                                  "(searched with the fitted terms)")
+    ap.add_argument("--max-mesh-dims", type=int, default=2)
+    ap.add_argument("--datasheet", action="store_true", help="frontier checks with the datasheet model")
     args = ap.parse_args()
+    if args.frontier:
+        frontier_checks(args.frontier, args.max_mesh_dims, args.datasheet)
+        return
     rows, skipped = priced_rows(args.reuse, args.only)
     timed = [r for r in rows if "predicted_s" in r and r.get("published_s")]
     train, held = split(timed)

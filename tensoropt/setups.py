@@ -115,7 +115,7 @@ def setup_plan(ctx: PlanContext, micro: OpGraph | None, cluster: Cluster, setup:
                          f"{cluster.per_node} devices: keep tp within a node")
     cm = cost_for(mesh)
     recompute = setup.recompute == "full"
-    zero = setup.zero
+    zero = setup.zero              # ZeRO-1 is priced as such (the search skips it: ZeRO-2 moves the same bytes)
 
     def choose(g: OpGraph, problem: MeshProblem) -> list[int]:
         return setup_assignment(g, problem, roles, setup.sequence_parallel, recompute)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..compute import MATMUL_FAMILIES
 
-__all__ = ["Case", "cases", "price", "time_features", "TIME_TERMS", "load_rows", "DATA_DIR"]
+__all__ = ["Case", "cases", "price", "frontier_of", "time_features", "TIME_TERMS", "load_rows", "DATA_DIR"]
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "published"
 FILES = ("megatron_sc21.jsonl", "korthikanti22.jsonl", "megatron_h100_2024.jsonl", "torchtitan_h100.jsonl")
@@ -197,6 +197,20 @@ def price(case: Case, calibration: str | None = None):
     inputs = (torch.empty(shape, dtype=torch.long, device="meta"), torch.empty(shape, dtype=torch.long, device="meta"))
     return plan_for(model, case.devices, inputs=inputs, precision="bf16-mixed", label=case.case_id,
                     calibration=calibration, **case.setup)
+
+
+def frontier_of(case: Case, calibration: str | None = None, **options):
+    """The frontier over the case's devices for its model and batch (``calibration``: cost
+    terms to search with; ``options``: ``tensoropt.frontier`` keywords)."""
+    import torch
+
+    from ..models import get_model
+    from ..search import frontier
+
+    model = get_model(case.zoo, **case.overrides)
+    shape = (case.global_batch, case.overrides["seq_len"])
+    inputs = (torch.empty(shape, dtype=torch.long, device="meta"), torch.empty(shape, dtype=torch.long, device="meta"))
+    return frontier(model, case.devices, inputs=inputs, precision="bf16-mixed", calibration=calibration, **options)
 
 
 def time_features(plan, device: str) -> dict[str, float]:
