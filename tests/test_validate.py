@@ -250,3 +250,23 @@ def test_memory_fit_recovers_known_terms():
     assert cal.temp_factor == pytest.approx(2.5, rel=0.02)
     assert cal.replicate_param_copies == pytest.approx(1.0, rel=0.02)
     assert MemoryCalibration().predict(feats[0]) == feats[0]["predicted_memory_bytes"]
+
+
+def test_transformers_validation_models_capture_and_price():
+    """The validation's transformers families (keyword inputs, loss inside the output) are
+    captured with their repeated blocks, their plans' features re-price them, and one real
+    forward gives the loss the worker times."""
+    import torch
+
+    from tensoropt.validate.cases import capture_graph, make_inputs, make_model, select_plans, step_loss
+
+    for key in ("hf-gpt2", "hf-llama"):
+        graph = capture_graph(key)
+        assert len(graph.blocks) == 2
+        loss = step_loss(make_model(key), make_inputs(key))
+        assert loss.dim() == 0 and torch.isfinite(loss)
+    cands = [c for c in select_plans("hf-llama", 2, None) if c.applicable]
+    assert cands
+    graph = capture_graph("hf-llama")
+    for c in cands[:2]:
+        assert CostTerms().predict(step_features(c.plan, graph)) == pytest.approx(c.plan.time_s)

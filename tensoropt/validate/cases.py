@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODELS", "make_model", "make_inputs", "capture_graph", "apply_mode", "plan_key", "select_plans", "CandidatePlan"]
+__all__ = ["MODELS", "make_model", "make_inputs", "step_loss", "capture_graph", "apply_mode", "plan_key", "select_plans", "CandidatePlan"]
 
 MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "mlp": ("mlp-tiny", {"widths": (512, 1024, 1024, 512)}, 256),
@@ -25,7 +25,14 @@ MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "gpt-wide": ("gpt-tiny", {"d_model": 256, "n_heads": 8, "vocab_size": 1024}, 32),
     # tiny, for the end-to-end test only
     "mlp-small": ("mlp-tiny", {"widths": (16, 64, 32, 64, 16)}, 8),
+    # transformers definitions, built as their users build them (keyword inputs, loss in the output)
+    "hf-gpt2": ("hf:GPT2LMHeadModel", {"vocab_size": 512, "n_positions": 64, "n_embd": 128, "n_layer": 2,
+                                       "n_head": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, 32),
+    "hf-llama": ("hf:LlamaForCausalLM", {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 320,
+                                         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                         "max_position_embeddings": 64}, 32),
 }
+HF_SEQ = 64
 
 
 def make_model(key: str, device: str = "cpu") -> torch.nn.Module:
@@ -34,6 +41,13 @@ def make_model(key: str, device: str = "cpu") -> torch.nn.Module:
 
     name, ov, _ = MODELS[key]
     torch.manual_seed(0)
+    if name.startswith("hf:"):
+        import transformers
+
+        cls = getattr(transformers, name[3:])
+        config = cls.config_class(**ov)
+        with torch.device(device):
+            return cls(config).train()
     return get_model(name, device=device, **ov)
 
 
@@ -43,7 +57,18 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
 
     name, ov, batch = MODELS[key]
     torch.manual_seed(1)
+    if name.startswith("hf:"):
+        ids = torch.randint(0, ov["vocab_size"], (batch, HF_SEQ)).to(device)
+        return {"input_ids": ids, "labels": ids.clone()}
     return tuple(example_inputs(name, batch, device=device, **ov))
+
+
+def step_loss(model, inputs):
+    """The loss of one forward: positional inputs return it, keyword inputs (transformers)
+    return an output that holds it."""
+    from ..capture.inputs import loss_of
+
+    return loss_of(model(**inputs)) if isinstance(inputs, dict) else model(*inputs)
 
 
 def apply_mode(key: str, plan, graph=None) -> str:

@@ -42,7 +42,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
-from tensoropt.validate.cases import capture_graph, make_inputs, make_model  # noqa: E402
+from tensoropt.validate.cases import capture_graph, make_inputs, make_model, step_loss  # noqa: E402
 
 LR = 1e-3
 
@@ -73,7 +73,7 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
     opt = torch.optim.Adam(model.parameters(), lr=LR)
 
     def fwd_bwd():
-        loss = model(*inputs)
+        loss = step_loss(model, inputs)
         loss.backward()
         return loss
 
