@@ -75,8 +75,6 @@ class _Skip(Exception):
 def _case(name: str, row: dict, cid: str) -> Case:
     m = row.get("model") or {}
     techniques = str(row.get("techniques", ""))
-    if "per_layer" in cid or "layer" in str(row.get("table", "")).lower() and "iteration" not in str(row):
-        raise _Skip("per-layer timing, not an iteration")
     for word, why in (("Float8", "Float8 linears (the cost model prices bf16 kernels)"),
                       ("compile", "torch.compile's fused kernels (the cost model prices eager kernels)"),
                       ("AsyncTP", "asynchronous tensor parallelism overlaps collectives with compute")):
@@ -95,7 +93,7 @@ def _case(name: str, row: dict, cid: str) -> Case:
         derived.append("iteration time derived from the published TFLOP/s per GPU with the model FLOPs "
                        "72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) (Narayanan et al. 2021, without recomputation)")
     if published_s is None and mem is None:
-        raise _Skip("neither an iteration time nor a memory figure")
+        raise _Skip("neither an iteration time nor a memory figure (per-layer rows give per-layer times)")
     gpu = str(row.get("gpu", "")) + " " + name
     device = "H100" if "H100" in gpu or "h100" in name else "A100-80GB"
     if "H200" in gpu or "h200" in cid:
