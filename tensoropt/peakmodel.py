@@ -207,8 +207,10 @@ def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
     (every axis of more than one device splits the batch of every batched operator while the
     others replicate, and no batch statistics are synchronised) -- or, under ZeRO-2/3, FSDP2
     ``fully_shard`` -- or None when no plan of this problem runs that way (pipeline stages, or
-    an operator with no such configuration)."""
-    if problem.accumulates:
+    an operator with no such configuration). ZeRO-1 is not among them: ``fully_shard`` shards
+    gradients, so the apply layer runs it as ZeRO-2 and ``plan_for`` prices it so; the search
+    does not offer it."""
+    if problem.accumulates or problem.zero_stage == 1:
         return None
     shape = problem.mesh.shape
     if any(n > 1 for n in shape) and not any(op.batched for op in graph.operators):

@@ -115,7 +115,9 @@ def setup_plan(ctx: PlanContext, micro: OpGraph | None, cluster: Cluster, setup:
                          f"{cluster.per_node} devices: keep tp within a node")
     cm = cost_for(mesh)
     recompute = setup.recompute == "full"
-    zero = setup.zero              # ZeRO-1 is priced as such (the search skips it: ZeRO-2 moves the same bytes)
+    # every axis data-parallel runs on FSDP2 fully_shard, which shards gradients: ZeRO-1 runs
+    # (and is priced) as ZeRO-2 there; with model-parallel axes it is priced as such
+    zero = 2 if setup.zero == 1 and tp == 1 and pp == 1 else setup.zero
 
     def choose(g: OpGraph, problem: MeshProblem) -> list[int]:
         return setup_assignment(g, problem, roles, setup.sequence_parallel, recompute)

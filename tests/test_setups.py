@@ -129,3 +129,14 @@ def test_tensor_parallel_axis_across_nodes_is_priced_on_the_network():
 def test_full_recomputation_needs_repeated_blocks():
     with pytest.raises(ValueError, match="has none found"):
         plan_for("mlp-tiny", "cpu:2", dp=2, recompute="full")
+
+
+def test_zero1_on_every_axis_data_parallel_is_priced_as_the_zero2_it_runs_as():
+    """FSDP2 fully_shard shards gradients: the apply layer runs an all-data-parallel ZeRO-1
+    setup as ZeRO-2, and it is priced so (measured on gloo: the same peak as ZeRO-2)."""
+    one = plan_for("gpt-tiny", DEVICES, dp=8, zero=1)
+    two = plan_for("gpt-tiny", DEVICES, dp=8, zero=2)
+    assert one.zero_stage == 2 and "zero1" in one.summary
+    assert one.time_s == two.time_s and one.peak_memory_bytes == two.peak_memory_bytes
+    tp = plan_for("gpt-tiny", DEVICES, dp=4, tp=2, zero=1)
+    assert tp.zero_stage == 1
