@@ -317,10 +317,9 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     resave = _resave_terms(problem, graph, fine, cut, additive)
     grads = [np.array([c.grad_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
-    terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)],
-                   [r[pick[i]] for i, r in enumerate(reg_of)], moves, into,
-                   _replicate_extra(grads, params, problem, graph, [r[pick[i]] for i, r in enumerate(reg_of)])
-                   if replicate else None,
+    reg = [r[pick[i]] for i, r in enumerate(reg_of)]
+    terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)], reg, moves, into,
+                   _replicate_extra(grads, params, problem, graph, reg) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
                    problem.skips, tied, resave)
     groups = _groups(problem, graph)
@@ -519,14 +518,14 @@ def _replicate_extra(grads, params, problem: MeshProblem, graph, regathered) -> 
       the operator's own cost already holds (its parameters, a prefetch of their size and
       their unsharded gradient); and the group's pending gradients, as under ZeRO 2."""
     zero, d = problem.zero_stage, problem.mesh.size
+    block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
     if zero:
-        pending = _pending_group_grads(np.array([g[0] * d for g in grads]), graph, d)
+        pending = _pending_group_grads(np.array([g[0] * d for g in grads]), block_of, d)
     if zero == 2:
         shard = float(sum(p[0] for p in params)) / d
         return [np.array([shard + pending[i]]) for i in range(len(grads))]
     if zero == 3:
         full = np.array([p[0] * d for p in params])               # charged: the shard
-        block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
         in_block = np.zeros(len(graph.blocks))
         for i, b in block_of.items():
             in_block[b] += full[i]
@@ -553,12 +552,12 @@ def _replicate_extra(grads, params, problem: MeshProblem, graph, regathered) -> 
     return [np.array([copy + done[i]]) for i in range(len(grads))]
 
 
-def _pending_group_grads(full_grads: np.ndarray, graph, devices: int) -> np.ndarray:
+def _pending_group_grads(full_grads: np.ndarray, block_of: dict, devices: int) -> np.ndarray:
     """Per operator, under FSDP2 ``fully_shard`` (one group per repeated block, one for the
     rest): the whole gradients its group's operators after it have made, which wait for the
     group's reduce-scatter at the end of its backward (the root group's: at the end of the
-    step's backward), and at the group's first operator the reduce-scatter's output."""
-    block_of = {i: b for b, ops in enumerate(graph.blocks) for i in ops}
+    step's backward), and at the group's first operator the reduce-scatter's output.
+    ``block_of``: operator -> its repeated block."""
     out = np.zeros(len(full_grads))
     seen: dict = {}
     first: dict = {}

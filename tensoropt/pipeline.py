@@ -258,16 +258,22 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
                                 activation_factor=spec.in_flight, comm_factor=1.0 / scale,
                                 batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
         built.append((g, problem))
-    # activations cross each boundary forward and their gradients backward, each device
-    # sending its share
-    p2p = cm.terms.p2p_scale * max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size,
-                                                   2, link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-    buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
+    p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
     bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
                         float(scale), p2p)
     label = f"{stages} pipeline stages, {microbatches} micro-batches, stage mesh {mesh}"
     return Job(label, bound, partial(_solve_stages, ctx, sub, link, mesh, specs, built, p2p, buffers,
                                      stages, microbatches, space.block_groups))
+
+
+def _boundaries(mb_graph: OpGraph, specs, microbatches: int, mesh: Mesh, link, cm: CostModel
+                ) -> tuple[float, list[float]]:
+    """(time to cross the slowest stage boundary per micro-batch, per distinct stage the
+    buffers its boundaries hold): activations cross each boundary forward and their
+    gradients backward, each device sending its share."""
+    p2p = cm.terms.p2p_scale * max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size,
+                                                   2, link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
+    return p2p, stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
 
 
 def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built, p2p: float, buffers,
@@ -320,9 +326,7 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
         held, peak = peak_model(problem, g, microbatches).evaluate(np.array([a]))[0, 1:]
         times.append(problem.cost_graph.cost(a)[0])
         solved.append((g, problem, ([a], [float(held)], [float(peak)])))
-    p2p = cm.terms.p2p_scale * max(2 * send_recv_s(boundary_bytes(mb_graph, spec.ops, cm.training.scale) / mesh.size,
-                                                   2, link.latency_s, link.bandwidth_bytes_per_s) for spec in specs[1:])
-    buffers = stage_buffer_bytes(mb_graph, specs, microbatches, cm.training.scale, mesh.size)
+    p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
     t = scale * (max(times) + p2p) + ctx.fixed_s
     return _build_plan(ctx, sub, link, mesh, specs, solved, (0,) * len(specs), float(t), p2p, stages,
                        microbatches, buffers, zero_stage)

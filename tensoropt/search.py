@@ -144,12 +144,7 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
     label_devices = devices if isinstance(devices, str) else str(cluster)
     terms = CostTerms.load(calibration) if calibration else CostTerms()
     ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices, fixed_s=terms.fixed_s)
-    micro = None
-    if microbatches > 1:
-        if graph.batch_size % microbatches:
-            raise ValueError(f"{microbatches} micro-batches do not divide the batch of {graph.batch_size}")
-        micro = recapture(graph.batch_size // microbatches)
-    return setup_plan(ctx, micro, cluster, setup, cost_models(cluster, training, profile, terms), label=label)
+    return setup_plan(ctx, recapture, cluster, setup, cost_models(cluster, training, profile, terms), label=label)
 
 
 def _training(options: SearchOptions, cluster: Cluster) -> TrainingConfig:

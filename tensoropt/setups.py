@@ -21,7 +21,7 @@ attention kernel keeps, which is what capture prices for attention, so it is pri
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .mesh import Cluster, mesh_for
 from .opgraph import OpGraph
@@ -89,15 +89,13 @@ class Setup:
         return text
 
 
-def setup_plan(ctx: PlanContext, micro: OpGraph | None, cluster: Cluster, setup: Setup, cost_for,
+def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: Cluster, setup: Setup, cost_for,
                label: str = "yours") -> Plan:
     """``setup`` on ``cluster`` as a priced :class:`Plan`. ``ctx.graph``: the model at the
-    global batch; ``micro``: the model at the micro-batch size (global batch / microbatches),
-    needed when ``microbatches > 1``; ``cost_for``: mesh -> CostModel."""
+    global batch; ``recapture(b)``: the model at batch ``b`` (the micro-batch size, when
+    ``microbatches > 1``); ``cost_for``: mesh -> CostModel."""
     pp, dp, tp = setup.degrees(cluster.world_size)
     graph = ctx.graph
-    if setup.microbatches > 1 and micro is None:
-        raise ValueError("micro-batches need the model captured at the micro-batch size")
     if graph.batch_size % setup.microbatches:
         raise ValueError(f"{setup.microbatches} micro-batches do not divide the batch of {graph.batch_size}")
     if (graph.batch_size // setup.microbatches) % dp:
@@ -118,6 +116,8 @@ def setup_plan(ctx: PlanContext, micro: OpGraph | None, cluster: Cluster, setup:
     # every axis data-parallel runs on FSDP2 fully_shard, which shards gradients: ZeRO-1 runs
     # (and is priced) as ZeRO-2 there; with model-parallel axes it is priced as such
     zero = 2 if setup.zero == 1 and tp == 1 and pp == 1 else setup.zero
+
+    micro = recapture(graph.batch_size // setup.microbatches) if setup.microbatches > 1 else None
 
     def choose(g: OpGraph, problem: MeshProblem) -> list[int]:
         return setup_assignment(g, problem, roles, setup.sequence_parallel, recompute)

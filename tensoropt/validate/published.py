@@ -15,7 +15,7 @@ checked on the others.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..compute import MATMUL_FAMILIES
@@ -182,17 +182,23 @@ def _iteration_from_tflops(row: dict, m: dict) -> float:
     return flops / (float(row["achieved_tflops_per_gpu"]) * 1e12 * int(row["n_gpus"]))
 
 
-def price(case: Case, calibration: str | None = None):
-    """The case's plan, priced by :func:`tensoropt.plan_for` (bf16 mixed precision, Adam;
-    ``calibration``: cost terms to price it with)."""
+def _model_and_inputs(case: Case):
+    """The case's zoo model with its dimensions, and meta token inputs at its global batch."""
     import torch
 
     from ..models import get_model
+
+    shape = (case.global_batch, case.overrides["seq_len"])
+    tokens = torch.empty(shape, dtype=torch.long, device="meta")
+    return get_model(case.zoo, **case.overrides), (tokens, tokens.clone())
+
+
+def price(case: Case, calibration: str | None = None):
+    """The case's plan, priced by :func:`tensoropt.plan_for` (bf16 mixed precision, Adam;
+    ``calibration``: cost terms to price it with)."""
     from ..search import plan_for
 
-    model = get_model(case.zoo, **case.overrides)
-    shape = (case.global_batch, case.overrides["seq_len"])
-    inputs = (torch.empty(shape, dtype=torch.long, device="meta"), torch.empty(shape, dtype=torch.long, device="meta"))
+    model, inputs = _model_and_inputs(case)
     return plan_for(model, case.devices, inputs=inputs, precision="bf16-mixed", label=case.case_id,
                     calibration=calibration, **case.setup)
 
@@ -200,14 +206,9 @@ def price(case: Case, calibration: str | None = None):
 def frontier_of(case: Case, calibration: str | None = None, **options):
     """The frontier over the case's devices for its model and batch (``calibration``: cost
     terms to search with; ``options``: ``tensoropt.frontier`` keywords)."""
-    import torch
-
-    from ..models import get_model
     from ..search import frontier
 
-    model = get_model(case.zoo, **case.overrides)
-    shape = (case.global_batch, case.overrides["seq_len"])
-    inputs = (torch.empty(shape, dtype=torch.long, device="meta"), torch.empty(shape, dtype=torch.long, device="meta"))
+    model, inputs = _model_and_inputs(case)
     return frontier(model, case.devices, inputs=inputs, precision="bf16-mixed", calibration=calibration, **options)
 
 
@@ -235,6 +236,3 @@ def time_features(plan, device: str) -> dict[str, float]:
     f["p2p"] = p2p
     return f
 
-
-def case_dict(case: Case) -> dict:
-    return asdict(case)
