@@ -38,14 +38,19 @@ PLOT = ROOT / "data" / "validation" / "published_vs_predicted.png"
 
 def priced_rows(reuse: bool, only: list[str] | None) -> tuple[list[dict], list[dict]]:
     found, skipped = cases()
+    unknown = sorted(set(only or ()) - {c.case_id for c in found})
+    if unknown:
+        raise SystemExit(f"unknown case ids {unknown}; cases: {sorted(c.case_id for c in found)}")
     old = {}
-    if reuse and OUT.exists():
+    if (reuse or only) and OUT.exists():
         old = {r["case_id"]: r for r in json.loads(OUT.read_text())["cases"]}
     rows = []
     for case in found:
         if only and case.case_id not in only:
+            if case.case_id in old:                    # the cases not asked for keep their prices
+                rows.append(old[case.case_id])
             continue
-        if case.case_id in old and "predicted_s" in old[case.case_id]:
+        if reuse and case.case_id in old and "predicted_s" in old[case.case_id]:
             rows.append(old[case.case_id])
             continue
         start = time.time()
@@ -169,6 +174,9 @@ def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False)
     ``frontier_checks`` in published.json."""
     doc = json.loads(OUT.read_text())
     found = {c.case_id: c for c in cases()[0]}
+    unknown = [cid for cid in ids if cid not in found]
+    if unknown:
+        raise SystemExit(f"unknown case ids {unknown}; cases: {sorted(found)}")
     checks = {(c["case_id"], c.get("model")): c for c in doc.get("frontier_checks", [])}
     for cid in ids:
         case = found[cid]
@@ -201,7 +209,7 @@ def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reuse", action="store_true", help="keep the prices already in published.json")
-    ap.add_argument("--only", nargs="*", help="case ids to price")
+    ap.add_argument("--only", nargs="*", help="case ids to price again (the others keep their saved prices)")
     ap.add_argument("--frontier", nargs="*", help="case ids whose plan to hold against the frontier "
                                                   "(searched with the fitted terms)")
     ap.add_argument("--max-mesh-dims", type=int, default=2)
