@@ -33,7 +33,8 @@ from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
 from .placement import Partial, Placement, Replicate, Shard
 from .strategy import OpConfig, output_placements, term_placements
-from .traffic import Collective, Move, aligned, axis_moves, grad_partial, operator_moves, relayout_moves
+from .traffic import (Collective, Move, aligned, axis_divisor, axis_moves, axis_relayout_moves, grad_partial,
+                      operator_moves, relayout_moves)
 from .training import OPTIMIZERS, PRECISIONS, ZERO_STAGES, TrainingConfig
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
@@ -78,9 +79,9 @@ class CostModel:
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     terms: CostTerms = field(default_factory=CostTerms)   # fitted terms (neutral: the model alone)
-    # layout moves already priced (edge_tables): every mesh and ZeRO stage asks for the same;
-    # operators' configurations and costs (planner.build_problem), per operator signature
-    _moves: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # per operator signature and mesh, its configurations and costs, and per like edge its
+    # tables (planner.build_problem): every ZeRO stage and pipeline stage asks for the same
+    _edges: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _nodes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -196,45 +197,48 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                     grad_out, regathered, tt.optimizer_s_per_param * updated)
 
 
-def _relayout_transient_bytes(nbytes: float, have, want, is_aligned, mesh: Mesh) -> float:
-    """What the backward of a layout move holds (the largest over the axes, which move one
-    after another): the local gradient and, for the gradient of a slice, that gradient
-    gathered whole; for an all-to-all one more local-size buffer, or on gloo, which has none,
-    the whole tensor gathered and the chunks it keeps concatenated (two whole-tensor buffers)."""
-    most = 0.0
-    for a, p, n, h, w in axis_moves(nbytes, have, want, mesh.shape):
-        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
-        if isinstance(h, Replicate) and ws:
-            most = max(most, n + n / p)
-        elif hs and ws and not is_aligned[a]:
-            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
-    return most
+def _axis_transient_bytes(p: int, n: float, h: Placement, w: Placement, is_aligned: bool, on_cpu: bool) -> float:
+    """What the backward of a layout move holds on one axis (a move holds the largest over
+    its axes, which move one after another): the local gradient and, for the gradient of a
+    slice, that gradient gathered whole; for an all-to-all one more local-size buffer, or on
+    gloo, which has none, the whole tensor gathered and the chunks it keeps concatenated (two
+    whole-tensor buffers)."""
+    hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+    if isinstance(h, Replicate) and ws:
+        return n + n / p
+    if hs and ws and not is_aligned:
+        return (2 * n if on_cpu else n / p) + n / p
+    return 0.0
 
 
-def _relayout_forward_bytes(nbytes: float, have, want, is_aligned, mesh: Mesh) -> float:
-    """What a layout move holds in forward beside its input (the largest over the axes): a
-    gather's whole tensor, and when it gathers a dimension other than the first, the chunks
-    concatenated (DTensor gathers along dimension 0); a reduction's new output; an all-to-all
-    as in :func:`_relayout_transient_bytes`; a slice's local copy."""
-    most = 0.0
-    for a, p, n, h, w in axis_moves(nbytes, have, want, mesh.shape):
-        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
-        if hs and isinstance(w, Replicate):
-            most = max(most, n if h.dim == 0 else 2 * n)
-        elif hs and ws and not is_aligned[a]:
-            most = max(most, (2 * n if mesh.links[a].name == CPU_LINK_NAME else n / p) + n / p)
-        elif isinstance(h, Partial):
-            most = max(most, n / p if ws else n)
-        elif isinstance(h, Replicate) and ws:
-            most = max(most, n / p)
-    return most
+def _axis_forward_bytes(p: int, n: float, h: Placement, w: Placement, is_aligned: bool, on_cpu: bool) -> float:
+    """What a layout move holds in forward beside its input, on one axis (the move: the
+    largest over its axes): a gather's whole tensor, and when it gathers a dimension other
+    than the first, the chunks concatenated (DTensor gathers along dimension 0); a
+    reduction's new output; an all-to-all as in :func:`_axis_transient_bytes`; a slice's
+    local copy."""
+    hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+    if hs and isinstance(w, Replicate):
+        return n if h.dim == 0 else 2 * n
+    if hs and ws and not is_aligned:
+        return (2 * n if on_cpu else n / p) + n / p
+    if isinstance(h, Partial):
+        return n / p if ws else n
+    if isinstance(h, Replicate) and ws:
+        return n / p
+    return 0.0
 
 
 def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConfig],
                 dst_cfgs: list[OpConfig], mesh: Mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For one edge: the ``(K_src, K_dst, 2)`` table of (time_s, memory_bytes) the engine adds
     up, and the ``(K_src, K_dst)`` bytes the layout move holds in backward
-    (:func:`_relayout_transient_bytes`) and in forward (:func:`_relayout_forward_bytes`)."""
+    (:func:`_axis_transient_bytes`) and in forward (:func:`_axis_forward_bytes`).
+
+    A move is priced axis by axis (``traffic.relayout_moves``) and what one axis does depends
+    only on the producer's placement there and on the consumer's placement, partial gradient
+    and other axes' shards, so each axis is priced once per distinct pair of those and the
+    table is their sum (times, in the order ``CostModel.moves_s`` adds them) or maximum (bytes)."""
     src, dst = graph.operators[edge.src], graph.operators[edge.dst]
     d_term = dst.terms[0][edge.operand]
     spec = dst.operands[edge.operand]
@@ -242,21 +246,39 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
     have = [output_placements(src, c) for c in src_cfgs]
     want = [term_placements(c, d_term) for c in dst_cfgs]
     partial = [grad_partial(c, d_term) for c in dst_cfgs]
-    h_keys = {h: i for i, h in enumerate(dict.fromkeys(have))}
-    w_keys = {w: i for i, w in enumerate(dict.fromkeys(zip(want, partial)))}
-    times = np.zeros((len(h_keys), len(w_keys)))
-    held = np.zeros((len(h_keys), len(w_keys)))
-    ahead = np.zeros((len(h_keys), len(w_keys)))
-    for h, i in h_keys.items():
-        for (w, gp), j in w_keys.items():
-            same = tuple(aligned(hp, wp, edge.dim_map) for hp, wp in zip(h, w))
-            key = (nbytes, h, w, same, gp, mesh)
-            if key not in cm._moves:
-                cm._moves[key] = (cm.redistribute_s(nbytes, h, w, same, gp, mesh),
-                                  _relayout_transient_bytes(nbytes, h, w, same, mesh),
-                                  _relayout_forward_bytes(nbytes, h, w, same, mesh))
-            times[i, j], held[i, j], ahead[i, j] = cm._moves[key]
-    pick = np.ix_([h_keys[h] for h in have], [w_keys[k] for k in zip(want, partial)])
+    price = cm.collectives.time_s
+    total = np.zeros((len(have), len(want)))
+    calls = np.zeros((len(have), len(want)))
+    held = np.zeros((len(have), len(want)))
+    ahead = np.zeros((len(have), len(want)))
+    for a, p in enumerate(mesh.shape):
+        if p == 1:
+            continue
+        on_cpu = mesh.links[a].name == CPU_LINK_NAME
+        h_ids: dict = {}
+        w_ids: dict = {}
+        hi = np.array([h_ids.setdefault(h[a], len(h_ids)) for h in have])
+        wi = np.array([w_ids.setdefault((w[a], gp[a], axis_divisor(w, mesh.shape, a)), len(w_ids))
+                       for w, gp in zip(want, partial)])
+        per = np.zeros((5, len(h_ids), len(w_ids)))     # move, partial gradient, calls, held, ahead
+        for h, i in h_ids.items():
+            for (w, gp, divisor), j in w_ids.items():
+                n = nbytes / divisor
+                same = aligned(h, w, edge.dim_map)
+                moves = axis_relayout_moves(a, p, n, h, w, same, gp)
+                if moves and (len(moves) == 2 or not gp):
+                    per[0, i, j] = sum(price(c.kind, c.bytes, mesh, c.axis) for c in moves[0])
+                if gp:
+                    per[1, i, j] = sum(price(c.kind, c.bytes, mesh, c.axis) for c in moves[-1])
+                per[2, i, j] = sum(len(m) for m in moves)
+                per[3, i, j] = _axis_transient_bytes(p, n, h, w, same, on_cpu)
+                per[4, i, j] = _axis_forward_bytes(p, n, h, w, same, on_cpu)
+        pick = np.ix_(hi, wi)
+        total = total + per[0][pick]
+        total = total + per[1][pick]
+        calls += per[2][pick]
+        held = np.maximum(held, per[3][pick])
+        ahead = np.maximum(ahead, per[4][pick])
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
-    table[..., 0] = times[pick]
-    return table, held[pick], ahead[pick]
+    table[..., 0] = cm.terms.relayout_scale * total + cm.terms.per_collective_s * calls
+    return table, held, ahead

@@ -147,13 +147,14 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
                                       for c in cfgs))
         configs.append(cache[key][0])
         costs.append(cache[key][1])
-    edge_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    edge_cache = cost_model._edges
     edges, edge_transients, ahead_of = [], [], {}
     for e in graph.edges:
-        key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map)
+        key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map, mesh, batch_only_axes)
         if key not in edge_cache:
             edge_cache[key] = edge_tables(cost_model, graph, e, list(configs[e.src]), list(configs[e.dst]), mesh)
-            edge_cache[key][0].setflags(write=False)           # shared by every like edge
+            for t in edge_cache[key]:
+                t.setflags(write=False)                        # shared by every like edge
         table, moved, ahead = edge_cache[key]
         edges.append((e.src, e.dst, table))
         ahead_of[e.dst, e.operand] = (e.src, ahead)

@@ -59,8 +59,8 @@ from .strategy import OpConfig, output_placements, term_placements
 from .training import TrainingConfig
 
 __all__ = ["Collective", "Move", "flatten", "operator_moves", "operator_collectives", "relayout_moves",
-           "relayout_collectives", "edge_collectives", "tied_use_moves", "tied_use_collectives", "axis_moves",
-           "aligned", "grad_partial", "owners", "tied_uses", "tied_grad_move", "tied_use_label"]
+           "axis_relayout_moves", "relayout_collectives", "edge_collectives", "tied_use_moves", "tied_use_collectives", "axis_moves",
+           "axis_divisor", "aligned", "grad_partial", "owners", "tied_uses", "tied_grad_move", "tied_use_label"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,12 @@ def operator_collectives(op: Operator, cfg: OpConfig, shape: Sequence[int], trai
     return flatten(operator_moves(op, cfg, shape, training, owns_params, zero_stage))
 
 
+def axis_divisor(want: Sequence[Placement], shape: Sequence[int], a: int) -> int:
+    """The shards the consumer wants on the mesh axes other than ``a``, which divide what a
+    move over ``a`` carries (:func:`axis_moves`)."""
+    return math.prod(shape[b] for b in range(len(want)) if b != a and isinstance(want[b], Shard))
+
+
 def axis_moves(nbytes: float, have: Sequence[Placement], want: Sequence[Placement],
                shape: Sequence[int]) -> Iterator[tuple[int, int, float, Placement, Placement]]:
     """Per mesh axis of more than one device: ``(axis, size, bytes it moves, have, want)``;
@@ -133,8 +139,7 @@ def axis_moves(nbytes: float, have: Sequence[Placement], want: Sequence[Placemen
         p = shape[a]
         if p == 1:
             continue
-        others = math.prod(shape[b] for b in range(len(have)) if b != a and isinstance(want[b], Shard))
-        yield a, p, nbytes / others, h, w
+        yield a, p, nbytes / axis_divisor(want, shape, a), h, w
 
 
 def aligned(have: Placement, want: Placement, dim_map: Sequence[int | None]) -> bool:
@@ -154,27 +159,37 @@ def relayout_moves(nbytes: float, have: Sequence[Placement], want: Sequence[Plac
                    is_aligned: Sequence[bool], partial: Sequence[bool], shape: Sequence[int],
                    where: str = "") -> list[Move]:
     """The forward and backward collectives that move a tensor of ``nbytes`` (whole) from
-    placements ``have`` to ``want``, per axis: the move itself, and its gradient's reduction
-    where it arrives as partial sums. ``is_aligned[a]``: both shard the same dimension on
-    axis ``a``; ``partial[a]``: the gradient is partial there (see module doc)."""
+    placements ``have`` to ``want``, per axis (:func:`axis_relayout_moves`). ``is_aligned[a]``:
+    both shard the same dimension on axis ``a``; ``partial[a]``: the gradient is partial there
+    (see module doc)."""
     out: list[Move] = []
     for a, p, n, h, w in axis_moves(nbytes, have, want, shape):
-        hs, ws = isinstance(h, Shard), isinstance(w, Shard)
-        if isinstance(h, Replicate) and ws:
-            out.append((Collective("all_gather", a, n, "backward", where),))
-        elif hs and ws and not is_aligned[a]:
-            out.append((Collective("all_to_all", a, n / p, "forward", where),
-                        Collective("all_to_all", a, n / p, "backward", where)))
-        elif hs and isinstance(w, Replicate):
-            out.append((Collective("all_gather", a, n, "forward", where),))
-        elif isinstance(h, Partial) and isinstance(w, Replicate):
-            out.append((Collective("all_reduce", a, n, "forward", where),))
-        elif isinstance(h, Partial) and ws:
-            out.append((Collective("reduce_scatter", a, n, "forward", where),
-                        Collective("all_gather", a, n, "backward", where)))
-        if partial[a]:
-            out.append((Collective("reduce_scatter" if hs else "all_reduce", a, n, "backward",
-                                   f"{where} (partial gradient)" if where else "partial gradient"),))
+        out += axis_relayout_moves(a, p, n, h, w, is_aligned[a], partial[a], where)
+    return out
+
+
+def axis_relayout_moves(a: int, p: int, n: float, h: Placement, w: Placement, is_aligned: bool, partial: bool,
+                        where: str = "") -> list[Move]:
+    """On mesh axis ``a`` of ``p`` devices, moving ``n`` bytes (what this axis moves, see
+    :func:`axis_moves`) from ``h`` to ``w``: the move itself, and its gradient's reduction
+    where it arrives as partial sums (at most two moves, in that order)."""
+    out: list[Move] = []
+    hs, ws = isinstance(h, Shard), isinstance(w, Shard)
+    if isinstance(h, Replicate) and ws:
+        out.append((Collective("all_gather", a, n, "backward", where),))
+    elif hs and ws and not is_aligned:
+        out.append((Collective("all_to_all", a, n / p, "forward", where),
+                    Collective("all_to_all", a, n / p, "backward", where)))
+    elif hs and isinstance(w, Replicate):
+        out.append((Collective("all_gather", a, n, "forward", where),))
+    elif isinstance(h, Partial) and isinstance(w, Replicate):
+        out.append((Collective("all_reduce", a, n, "forward", where),))
+    elif isinstance(h, Partial) and ws:
+        out.append((Collective("reduce_scatter", a, n, "forward", where),
+                    Collective("all_gather", a, n, "backward", where)))
+    if partial:
+        out.append((Collective("reduce_scatter" if hs else "all_reduce", a, n, "backward",
+                               f"{where} (partial gradient)" if where else "partial gradient"),))
     return out
 
 

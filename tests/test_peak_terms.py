@@ -10,7 +10,7 @@ import pytest
 
 import tensoropt
 from tensoropt.capture import capture
-from tensoropt.costmodel import CostModel, NodeCost, _relayout_forward_bytes, _relayout_transient_bytes
+from tensoropt.costmodel import CostModel, NodeCost, _axis_forward_bytes, _axis_transient_bytes
 from tensoropt.execution import runs_replicated
 from tensoropt.hardware import get_device
 from tensoropt.models import example_inputs, get_model
@@ -85,32 +85,25 @@ def test_every_rank_is_charged_the_whole_batch(mlp):
 
 
 def test_layout_move_buffers_follow_the_backend():
-    from tensoropt.hardware import get_link
-    from tensoropt.mesh import Mesh
-    gloo = Mesh((4,), ("m0",), (get_link("gloo-loopback"),))
-    nccl = Mesh((4,), ("m0",), (get_link("nvlink4"),))
     n = 4096.0
     # all-to-all: gloo gathers the whole tensor and concatenates; a native one a local buffer
-    assert _relayout_transient_bytes(n, L("S(0)"), L("S(1)"), (False,), gloo) == pytest.approx(2 * n + n / 4)
-    assert _relayout_transient_bytes(n, L("S(0)"), L("S(1)"), (False,), nccl) == pytest.approx(2 * n / 4)
+    assert _axis_transient_bytes(4, n, L("S(0)")[0], L("S(1)")[0], False, on_cpu=True) == pytest.approx(2 * n + n / 4)
+    assert _axis_transient_bytes(4, n, L("S(0)")[0], L("S(1)")[0], False, on_cpu=False) == pytest.approx(2 * n / 4)
     # a slice's gradient is gathered whole; an aligned or unchanged layout moves nothing
-    assert _relayout_transient_bytes(n, L("R"), L("S(0)"), (False,), nccl) == pytest.approx(n + n / 4)
-    assert _relayout_transient_bytes(n, L("S(0)"), L("S(0)"), (True,), gloo) == 0.0
-    assert _relayout_transient_bytes(n, L("R"), L("R"), (False,), gloo) == 0.0
+    assert _axis_transient_bytes(4, n, L("R")[0], L("S(0)")[0], False, on_cpu=False) == pytest.approx(n + n / 4)
+    assert _axis_transient_bytes(4, n, L("S(0)")[0], L("S(0)")[0], True, on_cpu=True) == 0.0
+    assert _axis_transient_bytes(4, n, L("R")[0], L("R")[0], False, on_cpu=True) == 0.0
 
 
 def test_forward_layout_moves_hold_what_dtensor_allocates():
-    from tensoropt.hardware import get_link
-    from tensoropt.mesh import Mesh
-    gloo = Mesh((4,), ("m0",), (get_link("gloo-loopback"),))
     n = 4096.0
     # DTensor gathers along dimension 0: another dimension is concatenated from the chunks
-    assert _relayout_forward_bytes(n, L("S(0)"), L("R"), (False,), gloo) == pytest.approx(n)
-    assert _relayout_forward_bytes(n, L("S(2)"), L("R"), (False,), gloo) == pytest.approx(2 * n)
-    assert _relayout_forward_bytes(n, L("P"), L("R"), (False,), gloo) == pytest.approx(n)
-    assert _relayout_forward_bytes(n, L("P"), L("S(0)"), (False,), gloo) == pytest.approx(n / 4)
-    assert _relayout_forward_bytes(n, L("R"), L("S(1)"), (False,), gloo) == pytest.approx(n / 4)
-    assert _relayout_forward_bytes(n, L("S(1)"), L("S(1)"), (True,), gloo) == 0.0
+    assert _axis_forward_bytes(4, n, L("S(0)")[0], L("R")[0], False, on_cpu=True) == pytest.approx(n)
+    assert _axis_forward_bytes(4, n, L("S(2)")[0], L("R")[0], False, on_cpu=True) == pytest.approx(2 * n)
+    assert _axis_forward_bytes(4, n, L("P")[0], L("R")[0], False, on_cpu=True) == pytest.approx(n)
+    assert _axis_forward_bytes(4, n, L("P")[0], L("S(0)")[0], False, on_cpu=True) == pytest.approx(n / 4)
+    assert _axis_forward_bytes(4, n, L("R")[0], L("S(1)")[0], False, on_cpu=True) == pytest.approx(n / 4)
+    assert _axis_forward_bytes(4, n, L("S(1)")[0], L("S(1)")[0], True, on_cpu=True) == 0.0
 
 
 def _unit_problem(move: float) -> tuple[MeshProblem, OpGraph]:

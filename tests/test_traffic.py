@@ -112,3 +112,48 @@ def test_tied_copy_is_made_where_the_later_user_wants_another_layout():
     assert copy("b,h", "s,k", (2, 2), zero=2) == (whole / 2, False)
     assert copy("b,h", "s,k", (2, 2), zero=3) == (whole / 2, True)
     assert copy("b,h", "s,k", (2, 2), zero=0) == (0.0, False)
+
+
+@pytest.mark.parametrize("model, devices", [("gpt-tiny", "cpu:4"), ("gpt-tiny", "2x4xA100-80GB"),
+                                            ("cnn-tiny", "8xA100-80GB")])
+def test_edge_tables_price_each_move_by_the_relayout_rule(model, devices):
+    # the tables are priced axis by axis; each entry must equal the whole move priced by
+    # ``relayout_moves`` through ``CostModel.moves_s``, and its buffers the largest axis's
+    import numpy as np
+
+    from tensoropt.cost_terms import CostTerms
+    from tensoropt.costmodel import _axis_forward_bytes, _axis_transient_bytes, edge_tables
+    from tensoropt.mesh import CPU_LINK_NAME
+    from tensoropt.space import distinct_meshes
+    from tensoropt.strategy import enumerate_configs, output_placements, term_placements
+    from tensoropt.traffic import aligned, axis_moves, grad_partial
+
+    graph = _graph(model)
+    cluster = parse_devices(devices)
+    cm = CostModel(cluster.device, training=TrainingConfig("fp32"),
+                   terms=CostTerms(relayout_scale=0.37, per_collective_s=1e-5))
+    checked = 0
+    for mesh in distinct_meshes(cluster, 3):
+        if mesh.ndim < 2 and checked:
+            continue
+        cfgs = [enumerate_configs(op, mesh) for op in graph.operators]
+        for e in graph.edges[:12]:
+            table, held, ahead = edge_tables(cm, graph, e, cfgs[e.src], cfgs[e.dst], mesh)
+            src, dst = graph.operators[e.src], graph.operators[e.dst]
+            term, spec = dst.terms[0][e.operand], dst.operands[e.operand]
+            nbytes = spec.nbytes * cm.training.scale(spec)
+            on_cpu = [lk.name == CPU_LINK_NAME for lk in mesh.links]
+            for i, sc in enumerate(cfgs[e.src]):
+                h = output_placements(src, sc)
+                for j, dc in enumerate(cfgs[e.dst]):
+                    w = term_placements(dc, term)
+                    same = tuple(aligned(a, b, e.dim_map) for a, b in zip(h, w))
+                    assert table[i, j, 0] == cm.redistribute_s(nbytes, h, w, same, grad_partial(dc, term), mesh)
+                    axes = list(axis_moves(nbytes, h, w, mesh.shape))
+                    assert held[i, j] == max([_axis_transient_bytes(p, n, x, y, same[a], on_cpu[a])
+                                              for a, p, n, x, y in axes] + [0.0])
+                    assert ahead[i, j] == max([_axis_forward_bytes(p, n, x, y, same[a], on_cpu[a])
+                                               for a, p, n, x, y in axes] + [0.0])
+                    checked += 1
+            assert not table[..., 1].any()
+    assert checked > 1000
