@@ -197,6 +197,30 @@ def test_transformer_blocks_same_frontier(n_blocks):
     assert_assignments_exact(g, a)
 
 
+def _with_worse_copies(g: CostGraph, extra: float = 1.0) -> CostGraph:
+    """``g`` with one more configuration per node, put first: a copy of its first that costs
+    ``extra`` more in both objectives (so, in the repeated blocks, a dominated exit of every
+    block, whose dropping shifts the indices of the others)."""
+    nodes = [np.vstack([c[:1] + extra, c]) for c in g.node_costs]
+    edges = []
+    for (u, v), t in g.edge_costs.items():
+        t = np.concatenate([t[:1], t], axis=0)
+        edges.append((u, v, np.concatenate([t[:, :1], t], axis=1)))
+    return CostGraph.build(list(zip(g.names, nodes)), edges, blocks=g.blocks)
+
+
+@pytest.mark.parametrize("n_blocks, seed", [(2, 0), (3, 1), (6, 2), (4, 5)])
+def test_dominated_chain_exits_are_dropped_and_the_frontier_kept(n_blocks, seed):
+    g = transformer_graph(n_blocks, k_range=(3, 5), seed=seed)
+    worse = _with_worse_copies(g)
+    # node-level dominance off, so the chain's own exit dominance has the copies to drop
+    res = solve(worse, drop_dominated=False)
+    kept, exits = res.stats["chain_exits"]
+    assert kept < exits
+    assert_same_frontier(res.points, solve(g, use_blocks=False).points)
+    assert_assignments_exact(worse, res)
+
+
 # ---------------------------------------------------------------------------- epsilon
 
 

@@ -55,3 +55,43 @@ def _dominated_mask(graph, v, kept, incident) -> np.ndarray:
     beats = leq & (~equal | lower)
     np.fill_diagonal(beats, False)
     return beats.any(axis=0)
+
+
+def surviving_exits(slices: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The exit configurations of a chain of repeated blocks worth keeping, ascending.
+
+    Each slice is a (time, memory) pair of arrays ``(r, w)``: per exit configuration (row) a
+    set of points, padded with inf -- the transfer factor into it from one configuration of
+    the exit before, out of it to one of the exit after, the factor of what precedes the
+    chain, and of what follows it. Exit ``x`` is dropped when another ``y`` does at least as
+    well in every slice (each point of ``x``'s row is weakly dominated by one of ``y``'s):
+    in any plan, putting ``y`` where ``x`` was costs no more in either objective, whichever
+    block it is the exit of, so the frontier stays the same. Of equivalent exits the lowest
+    index stays."""
+    r = slices[0][0].shape[0]
+    good = np.ones((r, r), dtype=bool)          # good[y, x]: y does at least as well as x
+    for t, m in slices:
+        good &= _rows_dominate(t, m)
+    np.fill_diagonal(good, False)
+    lower = np.arange(r)[:, None] < np.arange(r)[None, :]
+    beaten = (good & (~good.T | lower)).any(axis=0)
+    return np.flatnonzero(~beaten)
+
+
+def _rows_dominate(t: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """(r, r): whether every finite point of row x is weakly dominated by a point of row y."""
+    r = t.shape[0]
+    finite = np.isfinite(t) & np.isfinite(m)
+    out = np.zeros((r, r), dtype=bool)
+    for y in range(r):
+        ok = finite[y]
+        if not ok.any():
+            out[y] = ~finite.any(axis=1)
+            continue
+        order = np.argsort(t[y][ok], kind="stable")
+        qt = t[y][ok][order]
+        qm = np.minimum.accumulate(m[y][ok][order])
+        i = np.searchsorted(qt, t, side="right") - 1              # (r, w)
+        best = np.where(i >= 0, qm[np.maximum(i, 0)], np.inf)
+        out[y] = np.all((best <= m) | ~finite, axis=1)
+    return out

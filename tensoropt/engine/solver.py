@@ -29,7 +29,9 @@ whole graph. Where each step lives:
 4. repeated blocks (``blocks.chain_layout``): one block's transfer factor
    ``A(x_{k-1}, x_k)`` is solved once (the template), then folded in block by block,
    ``V_k(x_k) = ∪_{x_{k-1}} V_{k-1}(x_{k-1}) ⊕ A(x_{k-1}, x_k)`` with ``V_0`` the
-   factor of everything before the chain (:class:`_ChainBuilder`);
+   factor of everything before the chain (:class:`_ChainBuilder`); exit configurations
+   another does at least as well as into and out of every block are dropped first
+   (``dominance.surviving_exits``: each step costs the square of their number);
 5. walk the back-pointers for all frontier points at once (``factors.reconstruct``)
    and check each assignment's recomputed cost against its point (:func:`_verify`).
 
@@ -56,7 +58,7 @@ from . import factors as fx
 from .blocks import ChainLayout, chain_layout
 from .bounds import Ceiling, min_plus
 from .costgraph import CostGraph
-from .dominance import dominated_free_configs
+from .dominance import dominated_free_configs, surviving_exits
 from .elimination import plan_elimination
 from .factors import Factor, SolveTimeout
 from .tying import tie_blocks
@@ -167,6 +169,8 @@ def solve(
         "configs_after": int(sum(len(k) for k in kept)),
         "used_blocks": chain is not None,
     }
+    if chain is not None:
+        stats["chain_exits"] = (len(chain.keep), int(np.prod(chain.kx, dtype=np.int64)))
     if chain is not None and bar_above is not None:
         stats["chain_points_cut"] = chain.cut
     return SolveResult(points, assignments, float(epsilon), stats)
@@ -324,8 +328,15 @@ class _ChainBuilder:
         lead = (r,) if self.carry else ()
         scope = (-3, -1) if self.carry else (-1,)
         shape = lead + (r, v0.width)
-        vs = [Factor(scope, v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape), "matrix",
-                     depth=v0.depth)]
+        vt, vm, vsrc = v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape)
+        self.keep = self._surviving_exits(a, vt, vm, post, quantum, deadline)
+        if len(self.keep) < r:
+            pick = np.ix_(self.keep, self.keep)
+            a = Factor(a.scope, a.t[pick], a.m[pick], a.src[pick], "matrix", depth=a.depth)
+            vt, vm, vsrc = vt[self.keep], vm[self.keep], vsrc[self.keep]
+        self.slot = np.full(r, -1, dtype=np.int64)
+        self.slot[self.keep] = np.arange(len(self.keep))
+        vs = [Factor(scope, vt, vm, vsrc, "matrix", depth=v0.depth)]
         self.cut = 0
         if ceiling is not None:
             to_come = _rest_of_chain(a, self.n, post)
@@ -343,6 +354,10 @@ class _ChainBuilder:
         t, m = last.t, last.m
         if self.carry:  # the last exits' two indices must agree
             t, m = t[np.arange(r), np.arange(r)], m[np.arange(r), np.arange(r)]
+        elif len(self.keep) < r:    # dropped exits: no plan ends there
+            t_all, m_all = np.full((r, t.shape[-1]), np.inf), np.full((r, t.shape[-1]), np.inf)
+            t_all[self.keep], m_all[self.keep] = t, m
+            t, m = t_all, m_all
         kl = tuple(self.sizes[v] for v in self.xl)
         width = t.shape[-1]
         src = np.broadcast_to(np.arange(width), kl + (width,))
@@ -356,8 +371,8 @@ class _ChainBuilder:
         return _combine_all([chained] + post, quantum, deadline)
 
     def _unfold(self, ctx, point, assignment, stack) -> None:
-        blocks, kx = self.layout.blocks, self.kx
-        j = np.ravel_multi_index(tuple(ctx[v] for v in self.xl), kx)
+        blocks, kx, keep = self.layout.blocks, self.kx, self.keep
+        j = self.slot[np.ravel_multi_index(tuple(ctx[v] for v in self.xl), kx)]
         j_last = j
         wa = self.template.width
         for k in range(self.n, 0, -1):
@@ -367,17 +382,33 @@ class _ChainBuilder:
                 raise AssertionError("back-pointer to a padding point")
             c, rest = np.divmod(code, self.vs[k - 1].width * wa)
             i, jj = np.divmod(rest, wa)
-            local = dict(zip(self.x0, np.unravel_index(c, kx)))
-            local.update(zip(self.x1, np.unravel_index(j, kx)))
+            local = dict(zip(self.x0, np.unravel_index(keep[c], kx)))
+            local.update(zip(self.x1, np.unravel_index(keep[j], kx)))
             fx.reconstruct(self.template, jj, local)
             for node, conf in local.items():
                 real = blocks[k - 1][self.pos0[node]] if node in self.pos0 else blocks[k][self.pos1[node]]
                 assignment[real] = conf
             point, j = i, c
-        ctx0 = dict(zip(self.x0, np.unravel_index(j, kx)))
+        ctx0 = dict(zip(self.x0, np.unravel_index(keep[j], kx)))
         if self.carry:
             ctx0.update((v, ctx[v]) for v in self.xl)
         stack.append((self.v0, point, {v: ctx0[v] for v in self.v0.scope}))
+
+
+    def _surviving_exits(self, a: Factor, vt, vm, post: list[Factor], quantum, deadline) -> np.ndarray:
+        """The exit configurations no other does at least as well as, into and out of every
+        block and in what precedes and follows the chain (``dominance.surviving_exits``);
+        all of them where the rest of the graph joins the first exits and the last."""
+        r = a.t.shape[0]
+        if self.carry or r < 2:
+            return np.arange(r)
+        slices = [(vt, vm)]
+        slices += [(a.t[x], a.m[x]) for x in range(r)]              # into each exit, from x
+        slices += [(a.t[:, x], a.m[:, x]) for x in range(r)]        # out of each exit, to x
+        if post:
+            p = _permute(_pad_scope(_combine_all(post, quantum, deadline), self.xl, self.sizes), self.xl)
+            slices.append((p.t.reshape(r, -1), p.m.reshape(r, -1)))
+        return surviving_exits(slices)
 
 
 def _rest_of_chain(a: Factor, n: int, post: list[Factor]) -> list[tuple[np.ndarray, np.ndarray]]:
