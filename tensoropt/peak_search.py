@@ -71,12 +71,14 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
     deadline = None if time_limit_s is None else start + time_limit_s
     stats: dict = {"tried": []}
     parts: list[np.ndarray] = []
-    if not pm.search_is_exact:
-        graphs = [("block", pm.search)]
-    else:   # a one-device mesh has no block graph of its own: the exact one is all there is
-        graphs = [("exact", pm.exact)] + ([("block", None)] if pm.build_block is not None else [])
     order = SEARCHES.index(start_at)
-    graphs = [(name, g) for name, g in graphs if SEARCHES.index(name) >= order]
+    graphs = []
+    if order < SEARCHES.index("forward-end"):     # else no peak graph to search is built
+        if not pm.search_is_exact:
+            graphs = [("block", pm.search)]
+        else:   # a one-device mesh has no block graph of its own: the exact one is all there is
+            graphs = [("exact", pm.exact)] + ([("block", None)] if pm.build_block is not None else [])
+        graphs = [(name, g) for name, g in graphs if SEARCHES.index(name) >= order]
     found = None
     for name, g in graphs:
         try:
@@ -93,6 +95,8 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
         parts.append(found.assignments)
         break
     if found is None:
+        graphs = g = None
+        pm.release_search()                        # its peak graphs are too large to search
         stats["peak_search"] = "forward-end"
         fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=_left(deadline), progress=False,
                     block_groups=block_groups, ceiling=ceiling)

@@ -88,6 +88,11 @@ class PeakModel:
         widest = max(_widest_cut(g) for _, _, g in split) if split else _widest_cut(self.exact)
         return (self.exact, split) if widest <= self.exact_rows else (self.build_block(), ())
 
+    def release_search(self) -> None:
+        """Forget the searched graphs (the block graph, the exact one's parts); pricing plans
+        needs ``exact`` alone."""
+        self.__dict__.pop("_searched", None)
+
     @property
     def search(self) -> PeakGraph:
         return self._searched[0]
