@@ -291,8 +291,12 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
         if exclude is not None:
             exclude = [e[sub] if u == v else e for u, e in enumerate(exclude)]
 
+    whole = [len(p) == k and (p == np.arange(k)).all() for p, k in zip(pick, cg.n_configs)]
+
     def cut(scope, table):
-        return table[np.ix_(*[pick[v] for v in scope])] if scope else table
+        if not scope or all(whole[v] for v in scope):
+            return table                     # shared, read-only: like edges keep one table
+        return table[np.ix_(*[pick[v] for v in scope])]
 
     additive = [Term((v,), cut((v,), c)) for v, c in enumerate(cg.node_costs)]
     additive += [Term((u, v), cut((u, v), t)) for (u, v), t in cg.edge_costs.items()]

@@ -262,7 +262,9 @@ def _frozen(term, ks: tuple[int, ...], names, additive: bool = False):
         raise ValueError(f"a term's scope repeats a node: {scope}")
     if scope and not (0 <= min(scope) and max(scope) < len(ks)):
         raise ValueError(f"a term reads a node out of range: {scope}")
-    table = np.array(term.table, dtype=np.float64)
+    table = term.table
+    if not (isinstance(table, np.ndarray) and table.dtype == np.float64 and not table.flags.writeable):
+        table = np.array(table, dtype=np.float64)      # a read-only table is shared, not copied
     want = tuple([ks[v] for v in scope] + ([2] if additive else []))
     if table.shape != want:
         label = ", ".join(names[v] for v in scope)
