@@ -465,24 +465,37 @@ def _resave_terms(problem: MeshProblem, graph, fine: bool, cut, additive: list) 
             group_of.update(dict.fromkeys(ops, g))
     f = problem.activation_factor
     out: dict[int, list] = {}
+    made: dict[tuple, tuple] = {}        # like operators' shared tables give one set of terms' tables
     for scope, table in problem.resaved:
         c = scope[-1]
+        far = tuple(a for a, v in enumerate(scope) if group_of[v] != group_of[c]) if not fine else ()
+        m = mode_of.get(c)
         t = cut(scope, table)
-        if not fine:
-            far = tuple(a for a, v in enumerate(scope) if group_of[v] != group_of[c])
+        # a table taken whole is shared by like operators, and so are the terms' tables made of it
+        key = (id(table), far, m is None) if t is table else None
+        if key is None or key not in made:
             if far:
                 t = t.max(axis=far)
-                scope = tuple(v for a, v in enumerate(scope) if a not in far)
-        zero = np.zeros_like(t)
-        m = mode_of.get(c)
-        if m is None:
-            additive.append(Term(scope, np.stack([zero, f * t], axis=-1)))
-            out.setdefault(c, []).append(("held", Term(scope, t)))
+            zero = np.zeros_like(t)
+            if m is None:
+                tables = (np.stack([zero, f * t], axis=-1), t)
+            else:
+                tables = (np.stack([np.stack([zero, f * t], axis=-1), np.stack([zero, zero], axis=-1)]),
+                          np.stack([t, zero]), np.stack([zero, t]))
+            for x in tables:
+                x.setflags(write=False)
+            if key is not None:
+                made[key] = tables
         else:
-            additive.append(Term((m,) + scope, np.stack([np.stack([zero, f * t], axis=-1),
-                                                         np.stack([zero, zero], axis=-1)])))
-            out.setdefault(c, []).append(("held", Term((m,) + scope, np.stack([t, zero]))))
-            out.setdefault(c, []).append(("remat", Term((m,) + scope, np.stack([zero, t]))))
+            tables = made[key]
+        scope = tuple(v for a, v in enumerate(scope) if a not in far)
+        if m is None:
+            additive.append(Term(scope, tables[0]))
+            out.setdefault(c, []).append(("held", Term(scope, tables[1])))
+        else:
+            additive.append(Term((m,) + scope, tables[0]))
+            out.setdefault(c, []).append(("held", Term((m,) + scope, tables[1])))
+            out.setdefault(c, []).append(("remat", Term((m,) + scope, tables[2])))
     return out
 
 

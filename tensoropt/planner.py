@@ -190,47 +190,65 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     copies = _tied_copies(graph, configs, mesh, cost_model, zero_stage)
-    resaved = _resaved_copies(graph, configs, mesh, cost_model, ahead_of)
+    resaved = _resaved_copies(graph, configs, mesh, cost_model, ahead_of, sigs, batch_only_axes)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
                        copies, resaved)
 
 
-def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict) -> tuple:
+def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict, sigs,
+                    batch_only_axes) -> tuple:
     """Per operand an operator saves while another is charged for the tensor
     (``Operator.resaved``): the bytes of the copy it keeps, over (producer, [previous saver,]
     this operator). It keeps one where the move from the producer's layout makes a new tensor
     (``costmodel.edge_tables``' forward buffer), unless the previous saver moved it the same
     way: the apply layer moves a tensor once for every consumer that wants one layout. Where it
-    does not move it, it shares the producer's, taken as charged already."""
-    shape = mesh.shape
+    does not move it, it shares the producer's, taken as charged already. Like operators with
+    like edges share one read-only table (the repeated blocks', every ZeRO stage's)."""
     out = []
     for c, op in enumerate(graph.operators):
         for j, back, pj in op.resaved:
             if (c, j) not in ahead_of:
                 continue                              # a model input: charged with the batch
             src, ahead = ahead_of[c, j]
-            term, spec = op.terms[0][j], op.operands[j]
-            nbytes = spec.nbytes * cost_model.training.scale(spec)
-            local = np.array([nbytes / cfg.shards(term, shape) for cfg in configs[c]])
-            mine = (ahead > 0) * local[None, :]                        # (K_src, K_c)
             q = c - back
-            if pj == -1 or q < 0 or ahead_of.get((q, pj), (None,))[0] != src:
-                if mine.any():
-                    out.append(((src, c), mine))
-                continue
-            q_ahead = ahead_of[q, pj][1]
-            q_term = graph.operators[q].terms[0][pj]
-            keys: dict = {}
-            kq = np.array([keys.setdefault((term_placements(g, q_term), grad_partial(g, q_term)), len(keys))
-                           for g in configs[q]])
-            kc = np.array([keys.setdefault((term_placements(g, term), grad_partial(g, term)), len(keys))
-                           for g in configs[c]])
-            shared = (q_ahead > 0)[:, :, None] & (kq[:, None] == kc[None, :])[None, :, :]
-            table = mine[:, None, :] * ~shared                         # (K_src, K_q, K_c)
-            if table.any():
-                out.append(((src, q, c), table))
+            before = ahead_of.get((q, pj), (None, None)) if pj != -1 and q >= 0 else (None, None)
+            q_ahead = before[1] if before[0] == src else None
+            # the edge tables are shared objects (build_problem's cache), kept alive with the key
+            key = ("resaved", sigs[c], j, id(ahead), None if q_ahead is None else (sigs[q], pj, id(q_ahead)),
+                   mesh, batch_only_axes)
+            if key not in cost_model._edges:
+                cost_model._edges[key] = (_resaved_table(graph, configs, mesh, cost_model, c, j, ahead, q, pj,
+                                                         q_ahead), ahead, q_ahead)
+            table = cost_model._edges[key][0]
+            if table is not None:
+                out.append(((src, c) if table.ndim == 2 else (src, q, c), table))
     return tuple(out)
+
+
+def _resaved_table(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, c: int, j: int, ahead, q: int,
+                   pj: int, q_ahead) -> np.ndarray | None:
+    """:func:`_resaved_copies`' table for operand ``j`` of operator ``c`` (``q_ahead``: the
+    forward buffers of operator ``q``'s operand ``pj``, which saved the same tensor before,
+    or None), read-only; None where it keeps no copy."""
+    op = graph.operators[c]
+    term, spec = op.terms[0][j], op.operands[j]
+    nbytes = spec.nbytes * cost_model.training.scale(spec)
+    local = np.array([nbytes / cfg.shards(term, mesh.shape) for cfg in configs[c]])
+    table = (ahead > 0) * local[None, :]                             # (K_src, K_c)
+    if q_ahead is not None:
+        q_term = graph.operators[q].terms[0][pj]
+        keys: dict = {}
+        kq = np.array([keys.setdefault((term_placements(g, q_term), grad_partial(g, q_term)), len(keys))
+                       for g in configs[q]])
+        kc = np.array([keys.setdefault((term_placements(g, term), grad_partial(g, term)), len(keys))
+                       for g in configs[c]])
+        shared = (q_ahead > 0)[:, :, None] & (kq[:, None] == kc[None, :])[None, :, :]
+        table = table[:, None, :] * ~shared                          # (K_src, K_q, K_c)
+    if not table.any():
+        return None
+    table.setflags(write=False)
+    return table
 
 
 def _tied_share(graph: OpGraph) -> tuple[float, ...]:
