@@ -67,7 +67,7 @@ def target_model(name: str):
     return model, {"input_ids": ids, "labels": ids}
 
 
-def run_target(model: str, devices: str, settings: dict, time_limit_s: float) -> dict:
+def run_target(model: str, devices: str, settings: dict, time_limit_s: float, memory_limit: str = TARGET_MEMORY) -> dict:
     """One target row in a fresh process: its peak RSS is the search's own (model included)."""
     import subprocess
 
@@ -78,7 +78,7 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float) ->
             "try:\n"
             f"    model, inputs = target_model({model!r})\n"
             f"    f = tensoropt.frontier(model, {devices!r}, inputs=inputs, progress=False, time_limit_s={time_limit_s},"
-            f" memory_limit={TARGET_MEMORY!r}, **{settings!r})\n"
+            f" memory_limit={memory_limit!r}, **{settings!r})\n"
             "    r = {'plans': len(f), 'jobs': f.stats['jobs'], 'skipped': f.stats['skipped'],"
             " 'peak_search': f.stats['peak_search'], 'min_time': [f.min_time().time_s, f.min_time().summary],"
             " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary]}\n"
@@ -90,7 +90,7 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float) ->
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     r = json.loads(line[-1][7:]) if line else {"error": done.stderr[-2000:]}
-    return {"model": model, "devices": devices, "settings": settings, "memory_limit": TARGET_MEMORY, **r}
+    return {"model": model, "devices": devices, "settings": settings, "memory_limit": memory_limit, **r}
 
 
 def degrees(plan) -> dict:
@@ -149,6 +149,9 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=1800.0, help="per search, seconds")
     ap.add_argument("--no-baseline", action="store_true", help="skip the operator-sharding-only search")
     ap.add_argument("--targets", action="store_true", help="the cluster-scale target rows (key 'targets')")
+    ap.add_argument("--memory-limit", default=TARGET_MEMORY,
+                    help=f"the searches' memory cap for --targets (the targets' own: {TARGET_MEMORY}; another "
+                         "cap is recorded as a row of its own)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.targets:
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
             if args.only and model not in args.only.split(","):
                 continue
             print(f"{model} on {devices} {settings} ...", flush=True)
-            r = {**run_target(model, devices, settings, args.time_limit), "target_s": target_s}
+            r = {**run_target(model, devices, settings, args.time_limit, args.memory_limit), "target_s": target_s}
             print(json.dumps(r), flush=True)
             rows.append(r)
             done = {_key(x) for x in rows}
@@ -183,7 +186,7 @@ def main(argv=None) -> int:
 
 
 def _key(row: dict) -> tuple:
-    return row["model"], row["devices"], json.dumps(row["settings"], sort_keys=True)
+    return row["model"], row["devices"], json.dumps(row["settings"], sort_keys=True), row.get("memory_limit")
 
 
 def _write(out: Path, results: list, targets: list) -> None:

@@ -211,3 +211,32 @@ def test_a_consumer_that_moves_a_tensor_another_is_charged_for_keeps_its_own_cop
     held = pm.evaluate(np.stack([a, b]))[:, 1]
     summed = [problem.cost_graph.cost(x)[1] for x in (a, b)]
     assert (held[1] - held[0]) - (summed[1] - summed[0]) == whole
+
+
+def test_like_blocks_and_zero_stages_share_their_tables():
+    # the repeated blocks of a problem and its ZeRO stages hold one copy of each like table
+    # (what keeps a 64-device search of a 32-layer model within memory)
+    from tensoropt.engine.peakgraph import SumTerm
+    from tensoropt.mesh import parse_devices
+    from tensoropt.space import distinct_meshes
+
+    graph = capture(get_model("llama-tiny"), tuple(example_inputs("llama-tiny")), name="llama-tiny")
+    cluster = parse_devices("8xA100-80GB")
+    mesh = next(m for m in distinct_meshes(cluster, 2) if m.ndim == 2)
+    cm = CostModel(cluster.device)
+    p0, p3 = build_problem(graph, mesh, cm, zero_stage=0), build_problem(graph, mesh, cm, zero_stage=3)
+    n_ops = len(graph.operators)
+    e0 = {k: t for k, t in p0.cost_graph.edge_costs.items() if max(k) < n_ops}     # not recompute units'
+    e3 = {k: t for k, t in p3.cost_graph.edge_costs.items() if max(k) < n_ops}
+    assert e0.keys() == e3.keys() and all(e0[k] is e3[k] for k in e0)
+    assert len({id(t) for t in e0.values()}) < len(e0) / 2
+    assert len(graph.blocks) >= 2 and p0.resaved
+    first, second = set(graph.blocks[0]), set(graph.blocks[1])
+    in_first = [t for s, t in p0.resaved if s[-1] in first]
+    in_second = [t for s, t in p0.resaved if s[-1] in second]
+    assert in_first and len(in_first) == len(in_second)
+    assert all(a is b for a, b in zip(in_first, in_second))
+    terms = [p for t in peak_model(p0, graph).exact.additive for p in (t.parts if isinstance(t, SumTerm) else (t,))]
+    of_first = {id(t.table) for t in terms if len(t.scope) > 1 and set(t.scope) <= first}
+    of_second = [t.table for t in terms if len(t.scope) > 1 and set(t.scope) <= second]
+    assert of_second and all(id(t) in of_first for t in of_second)
