@@ -138,7 +138,8 @@ class PeakGraph:
               regions: Sequence[Region], chain: Sequence[int] = (),
               exclude: Sequence[np.ndarray] | None = None,
               units: Sequence[tuple[int, int]] = ()) -> "PeakGraph":
-        """Check and freeze a graph (tables are copied and made read-only)."""
+        """Check and freeze a graph (tables are copied and made read-only; read-only float64
+        tables are kept as they are, shared)."""
         names = tuple(names)
         ks = tuple(int(k) for k in n_configs)
         n = len(ks)

@@ -394,10 +394,9 @@ class _ChainBuilder:
             ctx0.update((v, ctx[v]) for v in self.xl)
         stack.append((self.v0, point, {v: ctx0[v] for v in self.v0.scope}))
 
-
     def _surviving_exits(self, a: Factor, vt, vm, post: list[Factor], quantum, deadline) -> np.ndarray:
-        """The exit configurations no other does at least as well as, into and out of every
-        block and in what precedes and follows the chain (``dominance.surviving_exits``);
+        """The exit configurations that no other does at least as well as, into and out of
+        every block and in what precedes and follows the chain (``dominance.surviving_exits``);
         all of them where the rest of the graph joins the first exits and the last."""
         r = a.t.shape[0]
         if self.carry or r < 2:
