@@ -111,8 +111,8 @@ def degrees(plan) -> dict:
 
 
 def point(plan) -> dict:
-    return {"time_s": plan.time_s, "memory_bytes": plan.memory_bytes, "mesh": plan.mesh,
-            "summary": plan.summary, "degrees": degrees(plan)}
+    return {"time_s": plan.time_s, "peak_memory_bytes": plan.peak_memory_bytes, "memory_bytes": plan.memory_bytes,
+            "mesh": plan.mesh, "summary": plan.summary, "degrees": degrees(plan)}
 
 
 def run_case(model: str, devices: str, settings: dict, time_limit_s: float, baseline: bool = True) -> dict:
@@ -133,10 +133,10 @@ def run_case(model: str, devices: str, settings: dict, time_limit_s: float, base
         "search_s": full_s, "frontier_size": len(full), "meshes": full.stats["meshes"],
         "min_time": point(full.min_time()), "min_memory": point(full.min_memory()),
         "operator_sharding_only": {"search_s": ops_s, "frontier_size": len(ops_only),
-                                   "min_memory_bytes": ops_only.min_memory().memory_bytes,
+                                   "min_peak_memory_bytes": ops_only.min_memory().peak_memory_bytes,
                                    "min_time_s": ops_only.min_time().time_s},
         "memory_reduction_vs_operator_sharding":
-            1.0 - full.min_memory().memory_bytes / ops_only.min_memory().memory_bytes,
+            1.0 - full.min_memory().peak_memory_bytes / ops_only.min_memory().peak_memory_bytes,
         "reference": {name: point(p) for name, p in full.reference.items()},
     }
 
