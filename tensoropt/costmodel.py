@@ -33,8 +33,7 @@ from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
 from .placement import Partial, Placement, Replicate, Shard
 from .strategy import OpConfig, output_placements, term_placements
-from .traffic import (Collective, Move, aligned, axis_divisor, axis_moves, axis_relayout_moves, grad_partial,
-                      operator_moves, relayout_moves)
+from .traffic import Collective, Move, aligned, axis_divisor, axis_relayout_moves, grad_partial, operator_moves
 from .training import OPTIMIZERS, PRECISIONS, ZERO_STAGES, TrainingConfig
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
@@ -114,18 +113,15 @@ class CostModel:
 
     def moves_s(self, items: Iterable[Collective | Move], mesh: Mesh) -> float:
         """The time of a layout move's collectives (an edge's, a tied parameter's), with the
-        fitted terms: scaled, and a fixed cost per call."""
+        fitted terms (:meth:`fitted_moves_s`)."""
         items = list(items)
+        return self.fitted_moves_s(self.price(items, mesh), _calls(items))
+
+    def fitted_moves_s(self, priced_s, calls):
+        """Layout moves priced ``priced_s`` in ``calls`` collectives, with the fitted terms:
+        scaled, and a fixed cost per call (numbers or arrays)."""
         t = self.terms
-        return t.relayout_scale * self.price(items, mesh) + t.per_collective_s * _calls(items)
-
-    # ------------------------------------------------------------------ edges
-
-    def redistribute_s(self, nbytes: float, have: tuple[Placement, ...], want: tuple[Placement, ...],
-                       is_aligned: tuple[bool, ...], partial: tuple[bool, ...], mesh: Mesh) -> float:
-        """Forward + backward time to move a tensor of ``nbytes`` (full size) from placements
-        ``have`` to ``want`` (``traffic.relayout_collectives``, priced)."""
-        return self.moves_s(relayout_moves(nbytes, have, want, is_aligned, partial, mesh.shape), mesh)
+        return t.relayout_scale * priced_s + t.per_collective_s * calls
 
 
 def _calls(items) -> int:
@@ -260,16 +256,15 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
         hi = np.array([h_ids.setdefault(h[a], len(h_ids)) for h in have])
         wi = np.array([w_ids.setdefault((w[a], gp[a], axis_divisor(w, mesh.shape, a)), len(w_ids))
                        for w, gp in zip(want, partial)])
-        per = np.zeros((5, len(h_ids), len(w_ids)))     # move, partial gradient, calls, held, ahead
+        # per pair: its (at most two) moves' prices in order, calls, held and ahead bytes
+        per = np.zeros((5, len(h_ids), len(w_ids)))
         for h, i in h_ids.items():
             for (w, gp, divisor), j in w_ids.items():
                 n = nbytes / divisor
                 same = aligned(h, w, edge.dim_map)
                 moves = axis_relayout_moves(a, p, n, h, w, same, gp)
-                if moves and (len(moves) == 2 or not gp):
-                    per[0, i, j] = sum(price(c.kind, c.bytes, mesh, c.axis) for c in moves[0])
-                if gp:
-                    per[1, i, j] = sum(price(c.kind, c.bytes, mesh, c.axis) for c in moves[-1])
+                for k, move in enumerate(moves):
+                    per[k, i, j] = sum(price(c.kind, c.bytes, mesh, c.axis) for c in move)
                 per[2, i, j] = sum(len(m) for m in moves)
                 per[3, i, j] = _axis_transient_bytes(p, n, h, w, same, on_cpu)
                 per[4, i, j] = _axis_forward_bytes(p, n, h, w, same, on_cpu)
@@ -280,5 +275,5 @@ def edge_tables(cm: CostModel, graph: OpGraph, edge: Edge, src_cfgs: list[OpConf
         held = np.maximum(held, per[3][pick])
         ahead = np.maximum(ahead, per[4][pick])
     table = np.zeros((len(src_cfgs), len(dst_cfgs), 2))
-    table[..., 0] = cm.terms.relayout_scale * total + cm.terms.per_collective_s * calls
+    table[..., 0] = cm.fitted_moves_s(total, calls)
     return table, held, ahead

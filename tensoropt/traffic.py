@@ -59,8 +59,9 @@ from .strategy import OpConfig, output_placements, term_placements
 from .training import TrainingConfig
 
 __all__ = ["Collective", "Move", "flatten", "operator_moves", "operator_collectives", "relayout_moves",
-           "axis_relayout_moves", "relayout_collectives", "edge_collectives", "tied_use_moves", "tied_use_collectives", "axis_moves",
-           "axis_divisor", "aligned", "grad_partial", "owners", "tied_uses", "tied_grad_move", "tied_use_label"]
+           "axis_relayout_moves", "relayout_collectives", "edge_collectives", "tied_use_moves",
+           "tied_use_collectives", "axis_moves", "axis_divisor", "aligned", "grad_partial", "owners", "tied_uses",
+           "tied_grad_move", "tied_use_label"]
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ def test_edge_tables_price_each_move_by_the_relayout_rule(model, devices):
     from tensoropt.mesh import CPU_LINK_NAME
     from tensoropt.space import distinct_meshes
     from tensoropt.strategy import enumerate_configs, output_placements, term_placements
-    from tensoropt.traffic import aligned, axis_moves, grad_partial
+    from tensoropt.traffic import aligned, axis_moves, grad_partial, relayout_moves
 
     graph = _graph(model)
     cluster = parse_devices(devices)
@@ -148,7 +148,8 @@ def test_edge_tables_price_each_move_by_the_relayout_rule(model, devices):
                 for j, dc in enumerate(cfgs[e.dst]):
                     w = term_placements(dc, term)
                     same = tuple(aligned(a, b, e.dim_map) for a, b in zip(h, w))
-                    assert table[i, j, 0] == cm.redistribute_s(nbytes, h, w, same, grad_partial(dc, term), mesh)
+                    moves = relayout_moves(nbytes, h, w, same, grad_partial(dc, term), mesh.shape)
+                    assert table[i, j, 0] == cm.moves_s(moves, mesh)
                     axes = list(axis_moves(nbytes, h, w, mesh.shape))
                     assert held[i, j] == max([_axis_transient_bytes(p, n, x, y, same[a], on_cpu[a])
                                               for a, p, n, x, y in axes] + [0.0])
