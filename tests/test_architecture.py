@@ -23,9 +23,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tensoropt"
 
-# Left to the engine's rewrite, which replaces these modules (see the README's engine row).
-KNOWN_PRIVATE = {("tensoropt.engine.factors", "tensoropt.engine.pareto._positions_in_rows")}
-
 
 @dataclass
 class ImportGraph:
@@ -159,9 +156,7 @@ def test_no_import_cycles(graph):
 
 
 def test_no_private_name_crosses_a_module(graph):
-    found = graph.private
-    assert found - KNOWN_PRIVATE == set(), "import the public name (rename what is shared)"
-    assert KNOWN_PRIVATE <= found, f"no longer needed, remove from KNOWN_PRIVATE: {KNOWN_PRIVATE - found}"
+    assert graph.private == set(), "import the public name (rename what is shared)"
 
 
 def test_the_engine_stands_alone(graph):

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import memguard
 from .native import kernels
-from .pareto import Staircase, _positions_in_rows, compact, keep_one_per_cell, prune_rows, strictly_dominated
+from .pareto import Staircase, compact, keep_one_per_cell, positions_in_rows, prune_rows, strictly_dominated
 
 # Largest number of candidate points materialised at once before a combine is chunked.
 CHUNK_POINTS = 1 << 22
@@ -176,7 +176,7 @@ def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     j = sg[q][:, None] * bg + j
     code = ((c[q][:, None, None] * wf + i[:, :, None]) * wg + j[:, None, :]).reshape(len(q), -1)
     r = r[q]
-    pos = _positions_in_rows(r, rows)
+    pos = positions_in_rows(r, rows)
     n_blocks = max(int(pos.max(initial=-1)) + 1, 1)
     per = cand_t.shape[1]
     t = np.full((rows, n_blocks, per), np.inf)
@@ -242,7 +242,7 @@ def _refine(r, rows, f_t, f_m, g_t, g_m):
                          fs_t[..., -1][:, :, None] + gs_t[..., -1][:, None, :]], axis=-1)
     corner_m = np.stack([fs_m[..., 0][:, :, None] + gs_m[..., 0][:, None, :],
                          fs_m[..., -1][:, :, None] + gs_m[..., -1][:, None, :]], axis=-1)
-    pos = _positions_in_rows(r, rows)
+    pos = positions_in_rows(r, rows)
     width = int(pos.max(initial=0)) + 1
     per = nsf * nsg
     ct = np.full((rows, width, per * 2), np.inf)
@@ -272,7 +272,7 @@ def _second_round(r, blk, rows, ideal_t, ideal_m, ft, fm, gt, gm, shape):
     gi = np.array([0, gt.shape[-1] // 2, gt.shape[-1] - 1])
     corner_t = ft[r, c, sf][:, fi] + gt[r, c, sg][:, gi]
     corner_m = fm[r, c, sf][:, fi] + gm[r, c, sg][:, gi]
-    pos = _positions_in_rows(r, rows)
+    pos = positions_in_rows(r, rows)
     width = int(pos.max()) + 1
     ct = np.full((rows, width, 3), np.inf)
     cm = np.full((rows, width, 3), np.inf)

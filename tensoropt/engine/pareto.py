@@ -67,7 +67,7 @@ def compact(keep: np.ndarray, ts: np.ndarray, ms: np.ndarray, order: np.ndarray)
     """The ``keep`` points of each row moved to its front, in order, as ``(t, m, src)``
     (``src``: their ``order`` values); the rest inf and -1."""
     r, c = np.nonzero(keep)
-    pos = _positions_in_rows(r, keep.shape[0])
+    pos = positions_in_rows(r, keep.shape[0])
     new_width = max(int(pos.max(initial=-1)) + 1, 1)
     out_t = np.full((keep.shape[0], new_width), np.inf)
     out_m = np.full((keep.shape[0], new_width), np.inf)
@@ -78,7 +78,7 @@ def compact(keep: np.ndarray, ts: np.ndarray, ms: np.ndarray, order: np.ndarray)
     return out_t, out_m, src
 
 
-def _positions_in_rows(r: np.ndarray, rows: int) -> np.ndarray:
+def positions_in_rows(r: np.ndarray, rows: int) -> np.ndarray:
     """For row indices ``r`` sorted ascending, each entry's position within its row."""
     counts = np.bincount(r, minlength=rows)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
@@ -141,7 +141,7 @@ def _prefilter(t: np.ndarray, m: np.ndarray):
     r, c = np.nonzero(alive)
     if len(r) > 0.5 * t.size:
         return None
-    pos = _positions_in_rows(r, rows)
+    pos = positions_in_rows(r, rows)
     new_width = max(int(pos.max(initial=-1)) + 1, 1)
     out_t = np.full((rows, new_width), np.inf)
     out_m = np.full((rows, new_width), np.inf)
