@@ -78,10 +78,11 @@ class CostModel:
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     terms: CostTerms = field(default_factory=CostTerms)   # fitted terms (neutral: the model alone)
-    # per operator signature and mesh, its configurations and costs, and per like edge its
-    # tables (planner.build_problem): every ZeRO stage and pipeline stage asks for the same
-    _edges: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _nodes: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # what planner.build_problem prices once per cost model, as every ZeRO stage and pipeline
+    # stage asks for the same: per operator signature and mesh, its configurations and costs
+    # (node_cache); per like edge, its tables (edge_cache)
+    node_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    edge_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.compute is None:

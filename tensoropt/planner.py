@@ -136,7 +136,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     # like operators share their configurations and costs, within a problem and across the
     # problems of one cost model (pipeline stages at one micro-batch size, on one mesh)
-    cache = cost_model._nodes
+    cache = cost_model.node_cache
     configs, costs = [], []
     for op, o, sig in zip(graph.operators, own, sigs):
         key = (sig, mesh, zero_stage, batch_only_axes)
@@ -147,7 +147,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
                                       for c in cfgs))
         configs.append(cache[key][0])
         costs.append(cache[key][1])
-    edge_cache = cost_model._edges
+    edge_cache = cost_model.edge_cache
     edges, edge_transients, ahead_of = [], [], {}
     for e in graph.edges:
         key = (sigs[e.src], sigs[e.dst], e.operand, e.dim_map, mesh, batch_only_axes)
@@ -217,10 +217,10 @@ def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, 
             # the edge tables are shared objects (build_problem's cache), kept alive with the key
             key = ("resaved", sigs[c], j, id(ahead), None if q_ahead is None else (sigs[q], pj, id(q_ahead)),
                    mesh, batch_only_axes)
-            if key not in cost_model._edges:
-                cost_model._edges[key] = (_resaved_table(graph, configs, mesh, cost_model, c, j, ahead, q, pj,
-                                                         q_ahead), ahead, q_ahead)
-            table = cost_model._edges[key][0]
+            if key not in cost_model.edge_cache:
+                cost_model.edge_cache[key] = (_resaved_table(graph, configs, mesh, cost_model, c, j, ahead, q, pj,
+                                                             q_ahead), ahead, q_ahead)
+            table = cost_model.edge_cache[key][0]
             if table is not None:
                 out.append(((src, c) if table.ndim == 2 else (src, q, c), table))
     return tuple(out)
