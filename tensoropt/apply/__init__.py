@@ -12,8 +12,9 @@ then, by what the plan is:
 * pipeline stages: ``torch.distributed.pipelining`` with 1F1B (``pipeline_runner``),
   returning a :class:`PipelineRunner`.
 
-``train_step(model, *inputs)`` runs one step of any of them. ``measure`` counts a step's
-collectives and its peak memory.
+``train_step(model, *inputs)`` runs one step of any of them; ``layout_of(model)`` is the
+layout a model was given (not a pipeline's). ``measure`` counts a step's collectives and its
+peak memory.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from ..capture.inputs import loss_of
 from ..capture.signature import param_signature
 from ..plan import Plan
-from .layout import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, plan_layout
+from .layout import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, layout_of, plan_layout
 from .measure import count_collectives, peak_memory, step_peak_memory
 from .meshes import device_mesh
 from .pipeline_runner import PipelineRunner, pipeline
@@ -37,8 +38,8 @@ from .process_group import current_world_size, ensure_process_group
 
 __all__ = [
     "parallelize", "train_step", "load_plan", "param_signature", "full_grads", "full_params", "count_collectives",
-    "peak_memory", "step_peak_memory", "plan_layout", "capture_for_plan", "PlanLayout", "PlanNotApplicable",
-    "pipeline", "PipelineRunner",
+    "peak_memory", "step_peak_memory", "plan_layout", "layout_of", "capture_for_plan", "PlanLayout",
+    "PlanNotApplicable", "pipeline", "PipelineRunner",
 ]
 
 

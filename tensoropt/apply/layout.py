@@ -231,6 +231,11 @@ def apply_plan(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> nn.Mod
     return model
 
 
+def layout_of(model: nn.Module) -> PlanLayout | None:
+    """The layout :func:`apply_plan` laid ``model`` out by; None for a model it did not."""
+    return getattr(model, "_tensoropt_plan_layout", None)
+
+
 def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> None:
     """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 2: keep
     parameters gathered after forward; ZeRO 3: reshard), one group per repeated block and

@@ -62,14 +62,14 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> dict:
-    from tensoropt.apply import count_collectives, parallelize, peak_memory, step_peak_memory
+    from tensoropt.apply import count_collectives, layout_of, parallelize, peak_memory, step_peak_memory
     from tensoropt.plan import Plan
 
     plan = Plan.load(plan_path)
     model = make_model(key)
     inputs = make_inputs(key)
     parallelize(model, plan)
-    layout = getattr(model, "_tensoropt_plan_layout", None)
+    layout = layout_of(model)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
 
     def fwd_bwd():

@@ -32,7 +32,8 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import tensoropt  # noqa: E402
-from tensoropt.apply import PipelineRunner, count_collectives, full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
+from tensoropt.apply import (PipelineRunner, count_collectives, full_grads, layout_of, parallelize,  # noqa: E402
+                             step_peak_memory, train_step)
 from tensoropt.capture import capture  # noqa: E402
 from tensoropt.comms import issued_collectives, summarize, summarize_for_backend  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
@@ -150,7 +151,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
 
     model = parallelize(make_model(key), plan)
     pipelined = isinstance(model, PipelineRunner)
-    mode = "pipeline" if pipelined else model._tensoropt_plan_layout.mode
+    mode = "pipeline" if pipelined else layout_of(model).mode
     res = {"case": case, "world": world, "plan": plan.summary, "label": plan.label, "mesh": list(plan.mesh_shape),
            "mode": mode, "predicted_memory_bytes": plan.memory_bytes,
            "predicted_peak_bytes": plan.peak_memory_bytes}
