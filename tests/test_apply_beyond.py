@@ -1,6 +1,6 @@
 """Frontier plans beyond per-operator sharding: ZeRO 2/3 and activation recomputation on plans
-with model-parallel axes, and pipeline plans (``tensoropt.apply.pipeline``, 1F1B), run with
-torchrun (CPU/gloo, one 2-rank and one 4-rank launch, cases batched; worker:
+with model-parallel axes, and pipeline plans (``parallelize`` returns a ``PipelineRunner``,
+1F1B), run with torchrun (CPU/gloo, one 2-rank and one 4-rank launch, cases batched; worker:
 tests/dist_scripts/beyond_worker.py) against single-process training:
 
 * first-step loss and every parameter's gradient within 1e-5 relative (gradients relative to
@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 import tensoropt
 from dist_cases import launch_cases
-from tensoropt.apply import PlanNotApplicable, pipeline, plan_layout
+from tensoropt.apply import PlanNotApplicable, plan_layout
+from tensoropt.apply.pipeline_runner import pipeline
 from tensoropt.models import get_model
 
 WORKER = Path(__file__).parent / "dist_scripts" / "beyond_worker.py"
@@ -161,6 +162,7 @@ def test_pipeline_runner_refuses_a_model_call_with_pointer():
 
 
 def test_pipeline_needs_a_pipeline_plan(no_torchrun_env):
+    # parallelize sends only pipeline plans here: the guard is for a caller inside the package
     f = tensoropt.frontier("gpt-tiny", "cpu:2", progress=False)
     plain = f.plans[0]
     with pytest.raises(ValueError, match="no pipeline stages"):

@@ -30,16 +30,15 @@ from torch.distributed.tensor import DTensor
 from ..capture.inputs import loss_of
 from ..capture.signature import param_signature
 from ..plan import Plan
-from .layout import PlanLayout, PlanNotApplicable, apply_plan, capture_for_plan, layout_of, plan_layout
+from .layout import PlanNotApplicable, apply_plan, layout_of, plan_layout
 from .measure import count_collectives, peak_memory, step_peak_memory
 from .meshes import device_mesh
 from .pipeline_runner import PipelineRunner, pipeline
 from .process_group import current_world_size, ensure_process_group
 
 __all__ = [
-    "parallelize", "train_step", "load_plan", "param_signature", "full_grads", "full_params", "count_collectives",
-    "peak_memory", "step_peak_memory", "plan_layout", "layout_of", "capture_for_plan", "PlanLayout",
-    "PlanNotApplicable", "pipeline", "PipelineRunner",
+    "parallelize", "train_step", "load_plan", "param_signature", "full_grads", "count_collectives", "peak_memory",
+    "step_peak_memory", "plan_layout", "layout_of", "PlanNotApplicable", "PipelineRunner",
 ]
 
 
@@ -101,12 +100,6 @@ def train_step(model, *args, **kwargs):
     loss = loss_of(out)
     loss.backward()
     return loss
-
-
-def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter as a full tensor (``DTensor.full_tensor()``; collective on all ranks)."""
-    return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
-            for n, p in model.named_parameters()}
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
