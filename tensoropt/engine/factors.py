@@ -296,7 +296,6 @@ def _supported_points(f_t, f_m, g_t, g_m):
     weights = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, ratio * 2.0**k) for k in range(-6, 7, 2)]
     pts_t, pts_m = [], []
     rr = np.arange(rows)[:, None]
-    cc = np.arange(f_t.shape[1])[None, :]
     for a, b in weights:
         # Lexicographic tie-break for the pure objectives keeps the optimum a real frontier point.
         fs = _score(f_t, f_m, a, b)
@@ -308,7 +307,6 @@ def _supported_points(f_t, f_m, g_t, g_m):
         ic, jc = i[rr[:, 0], c], j[rr[:, 0], c]
         pts_t.append(f_t[rr[:, 0], c, ic] + g_t[rr[:, 0], c, jc])
         pts_m.append(f_m[rr[:, 0], c, ic] + g_m[rr[:, 0], c, jc])
-    del cc
     return np.stack(pts_t, axis=1), np.stack(pts_m, axis=1)
 
 
