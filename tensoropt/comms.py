@@ -3,8 +3,8 @@
 :func:`predicted_collectives` concatenates the rules of :mod:`tensoropt.traffic` over a plan:
 every operator's own collectives (parameter gradients, ZeRO, BatchNorm statistics), every
 edge's re-layout and every later use of a tied parameter. Priced with the plan's cost model
-(``CostModel.price``) the list sums to the plan's ``comm_s + relayout_s``; whole-step
-calibration counts it.
+(``CostModel.price``) the list sums to the plan's ``comm_s + relayout_s``: the search prices
+the same rules (``tensoropt.traffic``) through the cost model.
 
 :func:`issued_collectives` is the same rules applied the way ``tensoropt.apply`` runs the
 plan, which differs from what the cost model prices in three ways:

@@ -104,9 +104,11 @@ def frontier(
     the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum
     over operators and edges (``Plan.memory_bytes``) -- plus how far backward rises above it
     for a while (an operator's gradients during its backward, ZeRO-3's gathered parameters, a
-    recomputed unit's second forward: a maximum, not a sum; ``planner.transient_bytes``) and
-    the input batch. Each mesh's engine search is on the sum; the per-mesh, per-ZeRO-stage and
-    pipeline frontiers are merged on the peak, so no returned plan is dominated in (time, peak).
+    recomputed unit's second forward: a maximum, not a sum, which ``peakmodel`` defines;
+    ``Plan.breakdown["transient_bytes"]``) and the input batch. Each mesh problem is searched on
+    the peak where that search stays within its limits, else on the end-of-forward sum
+    (``peak_search``); the per-mesh, per-ZeRO-stage and pipeline frontiers are merged on the
+    peak, so no returned plan is dominated in (time, peak).
     """
     options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, calibration=calibration,
                             epsilon=epsilon,

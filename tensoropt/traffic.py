@@ -41,9 +41,10 @@ A *move* is the collectives of one tensor's move on one axis (a gather forward, 
 gradient's reduction backward) or of one parameter's gradient on one axis (with its ZeRO
 gathers): the rules return lists of moves (``*_moves``), or the same collectives one after
 another (``*_collectives``). The cost model prices a list (``CostModel.price``: the sum of
-each collective's α–β time, added up move by move), ``comms.predicted_collectives``
-concatenates them over a plan and calibration counts them, so the search, the predictions
-and the calibration read one set of rules.
+each collective's α–β time, added up move by move) for the search and for the calibration's
+features (``calibration.step_features`` re-prices a plan); ``comms.predicted_collectives``
+concatenates them over a plan and ``comms.issued_collectives`` lists them as the apply layer
+runs it, so the search, the listed collectives and the calibration read one set of rules.
 """
 
 from __future__ import annotations

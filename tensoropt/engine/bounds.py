@@ -101,8 +101,10 @@ _CHAIN_MAX_CELLS = 5e7
 
 def _min_sums(graph: CostGraph, ab: np.ndarray) -> np.ndarray:
     """Per weight row (a, b): the least a·T + b·M over all assignments. Repeated blocks in
-    a chain (``blocks.chain_layout``) are folded once and applied as a min-plus matrix
-    power, as the frontier search folds them; anything else by dense elimination."""
+    a chain (``blocks.chain_layout``): one block's table over its exits is solved once, as
+    the frontier search solves its template, then raised to a min-plus matrix power by
+    repeated squaring (scalars per weight make a matrix product cheap; the frontier search
+    folds its frontiers in one block at a time instead); anything else by dense elimination."""
     sizes = {v: k for v, k in enumerate(graph.n_configs)}
     scopes: list[tuple[int, ...]] = []
     tables: list[np.ndarray] = []
