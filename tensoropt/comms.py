@@ -18,7 +18,13 @@ plan, which differs from what the cost model prices in three ways:
   first user sums the uses first;
 * the reported loss value is all-reduced (not priced).
 
-The apply tests compare :func:`issued_collectives` with what ``CommDebugMode`` counts.
+So what it marks ``priced`` is a sub-list of :func:`predicted_collectives` (less the shared
+moves and the tied uses' moves as priced), and the rest (``priced=False``) are the apply-only
+extras: a tied parameter's moves from its first user's layout and the reported loss value.
+Neither is priced: the loss value is four bytes once per step, and pricing the tied moves
+from the first user's layout takes an edge between the two users that spans the chain of
+repeated blocks the engine folds (``planner._tied_parameter_times``). The apply tests compare
+:func:`issued_collectives` with what ``CommDebugMode`` counts.
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ layer issues follows from the same rules."""
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
+
 import pytest
 
 import tensoropt
 from tensoropt.capture import capture
 from tensoropt.comms import issued_collectives, predicted_collectives, summarize
 from tensoropt.costmodel import CostModel
+from tensoropt.execution import apply_mode
 from tensoropt.hardware import get_link
 from tensoropt.mesh import Mesh, parse_devices
 from tensoropt.models import example_inputs, get_model
@@ -23,6 +27,12 @@ def _graph(name):
     return capture(get_model(name), tuple(example_inputs(name)), name=name)
 
 
+@functools.cache
+def _searched(model, devices):
+    """A frontier without pipelines on meshes of up to two axes, and the graph it was searched on."""
+    return tensoropt.frontier(model, devices, pipeline=False, progress=False, max_mesh_dims=2), _graph(model)
+
+
 def _mesh(plan) -> Mesh:
     return Mesh(tuple(plan.mesh_shape), plan.mesh_axis_names, tuple(get_link(n) for n in plan.mesh_links))
 
@@ -30,8 +40,7 @@ def _mesh(plan) -> Mesh:
 @pytest.mark.parametrize("model, devices", [("gpt-tiny", "cpu:4"), ("gpt-tiny", "8xA100-80GB"),
                                             ("mlp-tiny", "cpu:2"), ("bert-tiny", "cpu:4"), ("cnn-tiny", "cpu:4")])
 def test_priced_collectives_are_the_plans_communication_time(model, devices):
-    f = tensoropt.frontier(model, devices, pipeline=False, progress=False, max_mesh_dims=2)
-    graph = _graph(model)
+    f, graph = _searched(model, devices)
     device = parse_devices(devices).device
     plans = list(f.plans) + list(f.reference.values())
     tied = 0.0
@@ -58,6 +67,29 @@ def test_issued_collectives_share_moves_and_report_the_loss():
     assert summarize(issued)["all_reduce"]["count"] == priced["all_reduce"]["count"]
     assert [c.where for c in issued if not c.priced] == ["reported loss value"]
     assert summarize([c for c in issued if c.priced])["all_reduce"]["bytes"] < priced["all_reduce"]["bytes"]
+
+
+# By ``Collective.where``: what the apply layer issues unpriced, and what of the priced list it
+# does not issue (a move that consumers of one tensor share; a tied parameter's later use,
+# priced as from a replicated copy: its moves and its gradient's reduction).
+APPLY_ONLY = ("tied parameter ", "reported loss value")
+PRICED_NOT_ISSUED = ("edge ", "tied parameter ", "grad of tied parameter ")
+
+
+@pytest.mark.parametrize("model, devices", [("gpt-tiny", "cpu:4"), ("bert-tiny", "cpu:4")])
+def test_issued_collectives_are_priced_ones_and_the_apply_only_extras(model, devices):
+    f, graph = _searched(model, devices)
+    extras = Counter()
+    for p in list(f.plans) + list(f.reference.values()):
+        predicted = Counter(predicted_collectives(p, graph))
+        issued = issued_collectives(p, graph, apply_mode(graph, p))
+        priced = Counter(c for c in issued if c.priced)
+        assert not priced - predicted, p.summary
+        assert all(c.where.startswith(PRICED_NOT_ISSUED) for c in predicted - priced), p.summary
+        unpriced = [c.where for c in issued if not c.priced]
+        assert all(w.startswith(APPLY_ONLY) for w in unpriced), p.summary
+        extras.update(next(x for x in APPLY_ONLY if w.startswith(x)) for w in unpriced)
+    assert set(extras) == set(APPLY_ONLY), "both extras occur on these frontiers"
 
 
 def test_issued_tied_moves_start_from_the_first_users_layout():
