@@ -221,6 +221,55 @@ def test_dominated_chain_exits_are_dropped_and_the_frontier_kept(n_blocks, seed)
     assert_assignments_exact(worse, res)
 
 
+def _kept_one_node_at_a_time(g: CostGraph) -> list[np.ndarray]:
+    """``dominated_free_configs`` without sharing masks between like nodes: each node's mask
+    computed on its own, the blocks' positions joined, sweeps until nothing changes."""
+    from tensoropt.engine.dominance import _dominated_mask
+
+    kept = [np.arange(k) for k in g.n_configs]
+    incident = {v: [] for v in range(g.n_nodes)}
+    for (u, v) in g.edge_costs:
+        incident[u].append(((u, v), 0))
+        incident[v].append(((u, v), 1))
+    for _ in range(8):
+        masks = [_dominated_mask(g, v, kept, incident[v]) for v in range(g.n_nodes)]
+        for pos in range(len(g.blocks[0]) if g.blocks else 0):
+            joint = np.logical_and.reduce([masks[b[pos]] for b in g.blocks])
+            for b in g.blocks:
+                masks[b[pos]] = joint
+        if not any(m.any() for m in masks):
+            break
+        kept = [k[~m] for k, m in zip(kept, masks)]
+    return kept
+
+
+@pytest.mark.parametrize("n_blocks, seed", [(3, 0), (6, 3)])
+def test_like_nodes_share_their_dominance_masks_and_keep_the_same_configurations(n_blocks, seed):
+    from tensoropt.engine.dominance import dominated_free_configs
+
+    g = _with_worse_copies(transformer_graph(n_blocks, k_range=(3, 5), seed=seed))
+    # tables equal in value but separate objects, as a planner may hand them over
+    g = CostGraph.build(list(zip(g.names, [c.copy() for c in g.node_costs])),
+                        [(u, v, t.copy()) for (u, v), t in g.edge_costs.items()], blocks=g.blocks)
+    got, want = dominated_free_configs(g), _kept_one_node_at_a_time(g)
+    assert any(len(k) < n for k, n in zip(want, g.n_configs))
+    assert [k.tolist() for k in got] == [k.tolist() for k in want]
+
+
+def test_like_nodes_with_different_neighbours_get_their_own_masks():
+    from tensoropt.engine.dominance import dominated_free_configs
+
+    # p and q feed y1 and y2 through one table; p's second configuration is dominated, q's
+    # is not, so once p has dropped it y1's second configuration is dominated and y2's not
+    t = np.array([[[0.0, 0.0], [1.0, 1.0]], [[2.0, 2.0], [1.0, 1.0]]])
+    y = np.zeros((2, 2))
+    g = CostGraph.build([("p", np.array([[0.0, 0.0], [1.0, 1.0]])), ("q", np.array([[1.0, 1.0], [0.0, 0.0]])),
+                         ("y1", y), ("y2", y.copy())], [(0, 2, t), (1, 3, t.copy())])
+    got = dominated_free_configs(g)
+    assert [k.tolist() for k in got] == [[0], [0, 1], [0], [0, 1]]
+    assert [k.tolist() for k in got] == [k.tolist() for k in _kept_one_node_at_a_time(g)]
+
+
 # ---------------------------------------------------------------------------- epsilon
 
 

@@ -20,8 +20,20 @@ def dominated_free_configs(graph: CostGraph, max_sweeps: int = 8) -> list[np.nda
     for (u, v) in graph.edge_costs:
         incident[u].append(((u, v), 0))
         incident[v].append(((u, v), 1))
+    # Repeated blocks and like operators have equal tables: a node whose costs, tables and
+    # neighbours' surviving configurations equal one seen before in a sweep gets its mask.
+    same: dict = {}
+    node_id = [same.setdefault((c.shape, c.tobytes()), len(same)) for c in graph.node_costs]
+    edge_id = {e: same.setdefault((t.shape, t.tobytes()), len(same)) for e, t in graph.edge_costs.items()}
     for _ in range(max_sweeps):
-        masks = [_dominated_mask(graph, v, kept, incident[v]) for v in range(graph.n_nodes)]
+        seen: dict = {}
+        masks = []
+        for v in range(graph.n_nodes):
+            key = (node_id[v], kept[v].tobytes(),
+                   tuple((edge_id[e], side, kept[e[0]].tobytes(), kept[e[1]].tobytes()) for e, side in incident[v]))
+            if key not in seen:
+                seen[key] = _dominated_mask(graph, v, kept, incident[v])
+            masks.append(seen[key])
         # Nodes of repeated blocks drop a configuration only if it is dominated in every block,
         # so the blocks stay identical.
         for block_pos in range(len(graph.blocks[0]) if graph.blocks else 0):
