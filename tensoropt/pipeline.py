@@ -295,11 +295,12 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
     # stages compose on their peaks, each stage's as its plan will state it
     points, picks = compose_stages([f[:, [0, 2]] for f in fronts], scale, p2p)
     out = []
+    stage_plans: dict = {}          # plans of one job share their stages' plans
     for (t, peak), pick in zip(points, picks):
         m = max(f[k, 1] for f, k in zip(fronts, pick))
         t = float(t) + ctx.fixed_s
         build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), t, p2p,
-                        stages, microbatches, buffers)
+                        stages, microbatches, buffers, built=stage_plans)
         out.append(Candidate(t, float(m), float(peak), build))
     return out
 
@@ -333,14 +334,22 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
 
 
 def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved, pick, t: float,
-                p2p: float, stages: int, microbatches: int, buffers, zero_stage: int = 0) -> Plan:
+                p2p: float, stages: int, microbatches: int, buffers, zero_stage: int = 0,
+                built: dict | None = None) -> Plan:
+    """The pipeline plan of stage points ``pick``; ``built``: stage plans by (stage, point),
+    kept for the other plans of the same job (plans are immutable)."""
     mb_graph = ctx.graph
+    built = {} if built is None else built
     stage_plans = []
-    for spec, (g, problem, (assignments, memories, peaks)), k, held in zip(specs, solved, pick, buffers):
-        sp = plan_from_assignment(replace(ctx, graph=g, fixed_s=0.0), problem, assignments[k], label=f"stage {spec.index}",
-                                  microbatches=microbatches, held_peak=(memories[k], peaks[k]))
-        stage_plans.append(replace(sp, memory_bytes=sp.memory_bytes + held,
-                                   breakdown={**sp.breakdown, "pipeline_buffer_bytes": held}))
+    for s, (spec, (g, problem, (assignments, memories, peaks)), k, held) in enumerate(zip(specs, solved, pick,
+                                                                                          buffers)):
+        if (s, k) not in built:
+            sp = plan_from_assignment(replace(ctx, graph=g, fixed_s=0.0), problem, assignments[k],
+                                      label=f"stage {spec.index}", microbatches=microbatches,
+                                      held_peak=(memories[k], peaks[k]))
+            built[s, k] = replace(sp, memory_bytes=sp.memory_bytes + held,
+                                  breakdown={**sp.breakdown, "pipeline_buffer_bytes": held})
+        stage_plans.append(built[s, k])
     slowest = max(sp.time_s for sp in stage_plans)
     peak = max(stage_plans, key=lambda sp: sp.peak_memory_bytes)
     breakdown = {"stage_s": slowest, "p2p_s": p2p, "bubble_s": (stages - 1) * (slowest + p2p),
