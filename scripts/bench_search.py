@@ -44,27 +44,41 @@ TARGETS = [
     ("hf:llama3-8b", "8x8xH100", dict(max_mesh_dims=2), 30),
     ("resnet50", "8x8xA100-80GB", dict(max_mesh_dims=3), 30),
     ("gpt3-175b", "128x8xA100-80GB", dict(max_mesh_dims=2, coarse=False), 60),
+    ("hf:llama3-70b", "64x8xH100", dict(max_mesh_dims=2), 120),
+    ("hf:convnext-tiny", "8x8xA100-80GB", dict(max_mesh_dims=3), 30),
 ]
 TARGET_MEMORY = "4GiB"
 
 
 def target_model(name: str):
-    """(model, inputs) for a target row: a zoo name as it is, or ``hf:llama3-8b``, the
-    transformers LlamaForCausalLM at LLaMA-3-8B's sizes on meta, batch 16 of 8192 tokens."""
+    """(model, inputs) for a target row: a zoo name as it is, or a transformers definition
+    built on meta: ``hf:llama3-8b`` (LlamaForCausalLM at LLaMA-3-8B's sizes, batch 16 of 8192
+    tokens), ``hf:llama3-70b`` (LLaMA-3-70B's sizes, batch 512 of 8192 tokens: 4 M tokens a
+    step) or ``hf:convnext-tiny`` (ConvNextForImageClassification's default configuration,
+    ConvNeXt-T, batch 256 of 224 x 224 images, as the zoo's ResNet-50)."""
     if not name.startswith("hf:"):
         return name, None
-    if name != "hf:llama3-8b":
-        raise ValueError(f"unknown target model {name!r}")
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers as T
 
-    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                      rope_theta=500000.0, tie_word_embeddings=False)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    ids = torch.zeros(16, 8192, dtype=torch.long, device="meta")
-    return model, {"input_ids": ids, "labels": ids}
+    llama = {"hf:llama3-8b": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                   num_attention_heads=32), 16),
+             "hf:llama3-70b": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                                    num_attention_heads=64), 512)}
+    if name in llama:
+        sizes, batch = llama[name]
+        cfg = T.LlamaConfig(vocab_size=128256, num_key_value_heads=8, max_position_embeddings=8192,
+                            rope_theta=500000.0, tie_word_embeddings=False, **sizes)
+        with torch.device("meta"):
+            model = T.LlamaForCausalLM(cfg)
+        ids = torch.zeros(batch, 8192, dtype=torch.long, device="meta")
+        return model, {"input_ids": ids, "labels": ids}
+    if name == "hf:convnext-tiny":
+        with torch.device("meta"):
+            model = T.ConvNextForImageClassification(T.ConvNextConfig(drop_path_rate=0.0))
+        return model, {"pixel_values": torch.zeros(256, 3, 224, 224, device="meta"),
+                       "labels": torch.zeros(256, dtype=torch.long, device="meta")}
+    raise ValueError(f"unknown target model {name!r}")
 
 
 def run_target(model: str, devices: str, settings: dict, time_limit_s: float, memory_limit: str = TARGET_MEMORY) -> dict:
@@ -81,7 +95,8 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float, me
             f" memory_limit={memory_limit!r}, **{settings!r})\n"
             "    r = {'plans': len(f), 'jobs': f.stats['jobs'], 'skipped': f.stats['skipped'],"
             " 'peak_search': f.stats['peak_search'], 'min_time': [f.min_time().time_s, f.min_time().summary],"
-            " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary]}\n"
+            " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary],"
+            " 'search_space': f.stats['search_space']}\n"
             "except Exception as err:\n"
             "    r = {'error': f'{type(err).__name__}: {err}'}\n"
             "r['search_s'] = time.monotonic() - t0\n"
@@ -91,6 +106,43 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float, me
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     r = json.loads(line[-1][7:]) if line else {"error": done.stderr[-2000:]}
     return {"model": model, "devices": devices, "settings": settings, "memory_limit": memory_limit, **r}
+
+
+# Where a target row searches the coarse space (on by default above space.COARSE_ABOVE
+# devices), the same model on 64-128 devices in both spaces: what the coarse one gives up.
+SPACE_CHECKS = [("hf:llama3-70b", "8x8xH100", dict(max_mesh_dims=2))]
+
+
+def space_check(model: str, devices: str, settings: dict, time_limit_s: float) -> dict:
+    """The fine and the coarse frontier of one model: per fine plan, the least time of a
+    coarse plan within its peak memory over its own time (1.0: nothing lost there)."""
+    import numpy as np
+
+    net, inputs = target_model(model)
+    out = {"model": model, "devices": devices, "settings": settings}
+    fronts = {}
+    for coarse in (False, True):
+        t0 = time.monotonic()
+        key = "coarse" if coarse else "fine"
+        try:
+            f = tensoropt.frontier(net, devices, inputs=inputs, progress=False, time_limit_s=time_limit_s,
+                                   coarse=coarse, **settings)
+        except Exception as err:              # e.g. the fine space past its time limit: no comparison
+            out[key] = {"search_s": time.monotonic() - t0, "error": f"{type(err).__name__}: {err}"}
+            return out
+        out[key] = {"search_s": time.monotonic() - t0, "plans": len(f), "search_space": f.stats["search_space"]}
+        fronts[key] = np.array([(p.time_s, p.peak_memory_bytes) for p in f.plans])
+    fine, coarse = fronts["fine"], fronts["coarse"]
+    ratios = []
+    for t, m in fine:
+        within = coarse[coarse[:, 1] <= m]
+        ratios.append(float(within[:, 0].min() / t) if len(within) else float("inf"))
+    ratios = np.array(ratios)
+    out["fine_plans_matched"] = int((ratios <= 1.0 + 1e-9).sum())
+    out["worst_time_ratio"] = float(ratios.max())
+    out["median_time_ratio"] = float(np.median(ratios))
+    out["fine_plans_below_coarse_least_memory"] = int(np.isinf(ratios).sum())
+    return out
 
 
 def degrees(plan) -> dict:
@@ -149,11 +201,23 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=1800.0, help="per search, seconds")
     ap.add_argument("--no-baseline", action="store_true", help="skip the operator-sharding-only search")
     ap.add_argument("--targets", action="store_true", help="the cluster-scale target rows (key 'targets')")
+    ap.add_argument("--space-checks", action="store_true",
+                    help="fine against coarse space where both finish (key 'space_checks')")
     ap.add_argument("--memory-limit", default=TARGET_MEMORY,
                     help=f"the searches' memory cap for --targets (the targets' own: {TARGET_MEMORY}; another "
                          "cap is recorded as a row of its own)")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.space_checks:
+        checks = []
+        for model, devices, settings in SPACE_CHECKS:
+            print(f"{model} on {devices} {settings}, fine and coarse ...", flush=True)
+            checks.append(space_check(model, devices, settings, args.time_limit))
+            print(json.dumps(checks[-1]), flush=True)
+            doc = json.loads(out.read_text())
+            doc["space_checks"] = checks
+            out.write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     if args.targets:
         doc = json.loads(out.read_text()) if out.exists() else {"results": []}
         rows = []
@@ -202,6 +266,8 @@ def _write(out: Path, results: list, targets: list) -> None:
         "results": results,
         "targets": targets,
     }
+    if out.exists():                     # kept from the file: rows this run does not write
+        doc.update({k: v for k, v in json.loads(out.read_text()).items() if k == "space_checks"})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1))
