@@ -214,7 +214,7 @@ def main(argv=None) -> int:
             print(f"{model} on {devices} {settings}, fine and coarse ...", flush=True)
             checks.append(space_check(model, devices, settings, args.time_limit))
             print(json.dumps(checks[-1]), flush=True)
-            doc = json.loads(out.read_text())
+            doc = json.loads(out.read_text()) if out.exists() else {"results": [], "targets": []}
             doc["space_checks"] = checks
             out.write_text(json.dumps(doc, indent=1) + "\n")
         return 0

@@ -295,7 +295,7 @@ def _supported_points(f_t, f_m, g_t, g_m):
     ratio = (t_span or 1.0) / (m_span or 1.0)
     weights = [(1.0, 0.0), (0.0, 1.0)] + [(1.0, ratio * 2.0**k) for k in range(-6, 7, 2)]
     pts_t, pts_m = [], []
-    rr = np.arange(rows)[:, None]
+    rows_i = np.arange(rows)
     for a, b in weights:
         # Lexicographic tie-break for the pure objectives keeps the optimum a real frontier point.
         fs = _score(f_t, f_m, a, b)
@@ -304,9 +304,9 @@ def _supported_points(f_t, f_m, g_t, g_m):
         j = np.argmin(gs, axis=-1)
         tot = np.take_along_axis(fs, i[..., None], -1)[..., 0] + np.take_along_axis(gs, j[..., None], -1)[..., 0]
         c = np.argmin(tot, axis=-1)
-        ic, jc = i[rr[:, 0], c], j[rr[:, 0], c]
-        pts_t.append(f_t[rr[:, 0], c, ic] + g_t[rr[:, 0], c, jc])
-        pts_m.append(f_m[rr[:, 0], c, ic] + g_m[rr[:, 0], c, jc])
+        ic, jc = i[rows_i, c], j[rows_i, c]
+        pts_t.append(f_t[rows_i, c, ic] + g_t[rows_i, c, jc])
+        pts_m.append(f_m[rows_i, c, ic] + g_m[rows_i, c, jc])
     return np.stack(pts_t, axis=1), np.stack(pts_m, axis=1)
 
 
