@@ -184,9 +184,13 @@ def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False)
         terms = None if datasheet else str(OUT.parent / f"gpu_terms_{gen}.json")
         start = time.time()
         mine = price(case, calibration=terms)
-        f = frontier_of(case, calibration=terms, max_mesh_dims=max_mesh_dims, progress=False)
+        # a per-operator recomputation plan is held against the frontier of that policy
+        policy = "op" if case.setup.get("recompute") == "op" else "full"
+        f = frontier_of(case, calibration=terms, max_mesh_dims=max_mesh_dims, progress=False,
+                        recompute_policy=policy)
         best = f.fastest_within(mine.peak_memory_bytes)
         row = {"case_id": cid, "model": "datasheet" if datasheet else f"gpu_terms_{gen}.json", "devices": case.devices, "setup": case.setup, "max_mesh_dims": max_mesh_dims,
+               "recompute_policy": policy,
                "search_space": f.stats.get("search_space"), "search_s": time.time() - start,
                "published_plan": mine.summary, "published_plan_s": mine.time_s,
                "published_plan_peak_bytes": mine.peak_memory_bytes, "frontier_plans": len(f.plans)}

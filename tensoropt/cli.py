@@ -23,6 +23,9 @@ def _frontier_parser(sub) -> None:
                                                   "fastest plan that fits")
     p.add_argument("--epsilon", type=float, default=0.0, help="(1+eps)-approximate frontier (default 0: exact)")
     p.add_argument("--max-mesh-dims", type=int, default=3)
+    p.add_argument("--recompute-policy", choices=("full", "op"), default="full",
+                   help="what a recomputed block keeps: its input (full) or, as torchtitan's per-operator "
+                        "policy, also its attention and every other linear's outputs (op)")
     p.add_argument("--profile", default=None, help="measured profile JSON (tensoropt profile)")
     p.add_argument("--calibration", default=None, help="whole-step calibration JSON (scripts/validate.py)")
     p.add_argument("--time-limit", type=float, default=None, help="seconds before the search gives up")
@@ -52,8 +55,8 @@ def _run_frontier(args) -> int:
     f = frontier(args.model, args.devices, batch_size=args.batch_size, precision=args.precision,
                  optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
                  epsilon=args.epsilon,
-                 max_mesh_dims=args.max_mesh_dims, time_limit_s=args.time_limit,
-                 memory_limit=args.memory_limit, progress=False if args.no_progress else None)
+                 max_mesh_dims=args.max_mesh_dims, recompute_policy=args.recompute_policy,
+                 time_limit_s=args.time_limit, memory_limit=args.memory_limit, progress=False if args.no_progress else None)
     df = f.to_pandas()
     if args.format == "csv":
         print(df.to_csv(index=False), end="")

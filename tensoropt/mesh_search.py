@@ -46,7 +46,7 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
     start_at: dict[str, str] = {}          # per mesh: the search its last solved ZeRO stage needed
     for mesh, z in mesh_cases(cluster, space, options):
         problem = build_problem(ctx.graph, mesh, cost_for(mesh), zero_stage=z, recompute=options.recompute,
-                                batch_only_axes=space.batch_only_axes(mesh, cluster))
+                                recompute_policy=options.recompute_policy, batch_only_axes=space.batch_only_axes(mesh, cluster))
         memguard.check()
         problems.append(problem)
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),

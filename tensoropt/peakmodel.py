@@ -15,7 +15,12 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   parameters the recomputation gathered); when the unit's backward starts, its second
   forward holds at each operator the activations rematerialised so far, that operator's
   output, its inputs' forward layout moves, the unit's outputs still waiting for a later
-  user, and the gradient of the unit's output and of those pending beyond it;
+  user, and the gradient of the unit's output and of those pending beyond it; under a
+  selective policy (``MeshProblem.recompute_kept``) the unit holds the outputs it kept from
+  the end of forward until its second forward takes them up (the kept output of an operator
+  after ``p`` is held beside the activations rematerialised up to ``p``; those of ``p`` and
+  before it are among them; ``_Terms.remat`` says where a kept output larger than what its
+  operator saves is counted twice);
 * for plans the apply layer runs with FSDP2 (every axis data-parallel): under ``replicate``
   (no ZeRO) the unsharded parameter copy and the gradients already reduced (measured on
   CPU/gloo: neither is released early); under ``fully_shard`` with ZeRO-2 the parameter
@@ -243,9 +248,26 @@ class _Terms:
     extra: list | None   # replicate: what FSDP2 holds while each operator runs backward
     unit_input: list
     skips: tuple
+    kept: list           # output bytes a recomputed unit keeps of each operator (its policy), else zeros
     tied: dict = field(default_factory=dict)     # later user -> (scope, held, regathered), exact graph
     resave: dict = field(default_factory=dict)   # operator -> [(kind, term)]: copies it keeps of saved tensors
     _by_unit: dict = field(default_factory=dict)
+
+    def remat(self, mode: int, first: int, p: int) -> Term:
+        """What a recomputed unit (``first``, ``mode`` node) rematerialises at ``p`` beyond the
+        output it kept of ``p``. Never below zero (the engine's bounds count a unit's remat
+        whole): where a kept output is larger than what its operator saves (a linear that
+        widens), the next operator's remat, which saves that output, takes the excess; what it
+        cannot take is counted twice while the unit's backward is at that operator or before."""
+        own = self.act[p] + self.reg[p] - self.kept[p]
+        if p > first:
+            q = p - 1
+            excess = np.maximum(self.kept[q] - self.act[q] - self.reg[q], 0.0)
+            if excess.any():
+                table = np.maximum(own[None, :] - excess[:, None], 0.0)
+                return Term((mode, q, p), np.stack([np.zeros_like(table), table]))
+        own = np.maximum(own, 0.0)
+        return Term((mode, p), np.stack([np.zeros_like(own), own]))
 
     def pending(self, p: int) -> list[int]:
         """Operators whose output's summed gradient is held while ``p`` runs backward."""
@@ -327,10 +349,11 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     grads = [np.array([c.grad_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     params = [np.array([c.param_bytes for c in costs])[pick[i]] for i, costs in enumerate(problem.node_costs)]
     reg = [r[pick[i]] for i, r in enumerate(reg_of)]
-    terms = _Terms(act, trans, [o[pick[i]] for i, o in enumerate(out_of)], reg, moves, into,
+    out = [o[pick[i]] for i, o in enumerate(out_of)]
+    terms = _Terms(act, trans, out, reg, moves, into,
                    _replicate_extra(grads, params, problem, graph, reg) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
-                   problem.skips, tied, resave)
+                   problem.skips, [o * (i in problem.recompute_kept) for i, o in enumerate(out)], tied, resave)
     groups = _groups(problem, graph)
     regions, units = [], []
     for ops, mode in groups:
@@ -360,7 +383,7 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
     for j, p in enumerate(ops):
         kinds: dict[str, list[Term]] = {k: [] for k in ("held", "view", "remat", "local", "base", "rise")}
         zero = np.zeros_like(tm.act[p])
-        m, held = _mode_pair(mode, tm.act[p], zero)
+        m, held = _mode_pair(mode, tm.act[p], tm.kept[p])
         kinds["held"].append(Term(m + (p,), held))
         copy = tm.tied.get(p)
         if copy is not None:      # kept in either mode: a tied use inside a recomputed unit is rare
@@ -368,7 +391,7 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
         for kind, term in tm.resave.get(p, ()):
             kinds[kind].append(term)
         if mode is not None:
-            kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
+            kinds["remat"].append(tm.remat(mode, first, p))
             if p == first:
                 k = problem.units.index(next(u for u in problem.units if u[1][0] == first))
                 u = tm.unit_input[k]
@@ -416,14 +439,17 @@ def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
     rc_min = np.array([(tm.act[i] + tm.reg[i]).min() for i in ops])
     after_keep = np.append(np.cumsum(keep_min[::-1])[::-1][1:], 0.0)
     after_rc = np.append(np.cumsum(rc_min[::-1])[::-1][1:], 0.0)
+    # the unit's second forward still holds the outputs its policy kept of later operators
+    rise_min = np.array([tm.remat(mode, first, i).table[1].min() for i in ops]) if mode is not None else keep_min
+    after_rise = np.append(np.cumsum(rise_min[::-1])[::-1][1:], 0.0)
     for s in sorted({s for p in ops for s in tm.pending(p)}):
         kinds["view"].append(Term((s,), tm.out[s]))
     for j, p in enumerate(ops):
         zero = np.zeros_like(tm.act[p])
-        m, held = _mode_pair(mode, tm.act[p], zero)
+        m, held = _mode_pair(mode, tm.act[p], tm.kept[p])
         kinds["held"].append(Term(m + (p,), held))
         if mode is not None:
-            kinds["remat"].append(Term((mode, p), np.stack([zero, tm.act[p] + tm.reg[p]])))
+            kinds["remat"].append(tm.remat(mode, first, p))
         for kind, term in tm.resave.get(p, ()):
             kinds[kind].append(term)
         extra = tm.extra[p] if tm.extra is not None else 0.0
@@ -447,7 +473,7 @@ def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
             for e in tm.into.get(p, ()) or [None]:
                 scope, value = ((p,), tm.out[p]) if e is None else ((e[0], p), tm.moves[e][1] + tm.out[p][None, :])
                 kinds["rise"].append(Term((mode, *scope), np.stack([np.full(value.shape, -np.inf),
-                                                                     value - after_rc[j]])))
+                                                                     value - after_rise[j]])))
     return Region(tuple(ops) + ((mode,) if mode is not None else ()), mode,
                   **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[first].module)
 

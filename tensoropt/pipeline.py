@@ -204,7 +204,8 @@ def pipeline_jobs(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster
     for p, m, mesh in pipeline_shapes(graph, cluster, space):
         mb_ctx = replace(ctx, graph=recapture(graph.batch_size // m))
         memguard.check()
-        jobs.append(_stage_job(mb_ctx, cluster, p, m, mesh, cost_for(mesh), space, options.recompute))
+        jobs.append(_stage_job(mb_ctx, cluster, p, m, mesh, cost_for(mesh), space, options.recompute,
+                                options.recompute_policy))
         if bar is not None:
             bar.update(1)
     return jobs
@@ -212,12 +213,13 @@ def pipeline_jobs(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster
 
 def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int,
                         cost_for: Callable[[Mesh], CostModel], space: SearchSpace, recompute: bool,
+                        recompute_policy: str = "full",
                         time_limit_s: float | None = None) -> list[Candidate]:
     """The frontier points of one (stage count, micro-batch count) choice over every stage
     mesh; ``ctx.graph`` is the model captured at the micro-batch size."""
     out = []
     for mesh in space.meshes(stage_cluster(cluster, stages)[0]):
-        job = _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute)
+        job = _stage_job(ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, recompute, recompute_policy)
         out += job.solve(time_limit_s, None)
     return out
 
@@ -243,7 +245,7 @@ class StagesBound:
 
 
 def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int, mesh: Mesh, cm: CostModel,
-               space: SearchSpace, recompute: bool) -> Job:
+               space: SearchSpace, recompute: bool, recompute_policy: str = "full") -> Job:
     """One stage mesh of one (stage count, micro-batch count): its stage problems built and
     bounded; solving them composes their frontiers."""
     mb_graph = ctx.graph
@@ -256,7 +258,8 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
         g, _ = sub_graph(mb_graph, spec.ops)
         problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                 activation_factor=spec.in_flight, comm_factor=1.0 / scale,
-                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True)
+                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True,
+                                recompute_policy=recompute_policy)
         built.append((g, problem))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
     bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
@@ -307,7 +310,7 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
 
 def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int, mesh: Mesh,
                      cm: CostModel, choose: Callable[[OpGraph, object], list[int]], zero_stage: int = 0,
-                     recompute: bool = False) -> Plan:
+                     recompute: bool = False, recompute_policy: str = "full") -> Plan:
     """The pipeline plan whose every stage takes the assignment ``choose(stage graph, stage
     problem)`` returns, priced as searched pipeline plans are (``ctx.graph``: the model at the
     micro-batch size). ZeRO shards the stages' state over their data-parallel axes; its
@@ -322,7 +325,8 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
     for spec in specs:
         g, _ = sub_graph(mb_graph, spec.ops)
         problem = build_problem(g, mesh, cm, zero_stage=zero_stage, recompute=recompute,
-                                activation_factor=spec.in_flight, comm_factor=1.0 / scale, accumulates=True)
+                                activation_factor=spec.in_flight, comm_factor=1.0 / scale, accumulates=True,
+                                recompute_policy=recompute_policy)
         a = list(choose(g, problem))
         held, peak = peak_model(problem, g, microbatches).evaluate(np.array([a]))[0, 1:]
         times.append(problem.cost_graph.cost(a)[0])
@@ -357,8 +361,9 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     summary = f"pp{stages}·{stage_plans[0].summary.split(' ')[0]} mb{microbatches}"
     if zero_stage:
         summary += f" zero{zero_stage}"
+    policy = next((sp.recompute_policy for sp in stage_plans if sp.recompute), "full")
     if any(sp.recompute for sp in stage_plans):
-        summary += " rc"
+        summary += " rc" if policy == "full" else f" rc:{policy}"
     training = ctx.training
     return Plan(model=mb_graph.name, devices=ctx.devices, mesh_shape=(stages, *mesh.shape),
                 mesh_links=(link.name, *(lk.name for lk in mesh.links)), time_s=t,
@@ -367,6 +372,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
                 training={"precision": training.precision, "optimizer": training.optimizer,
                           "batch_size": mb_graph.batch_size * microbatches},
                 param_signature=ctx.param_signature, label="", epsilon=ctx.epsilon, zero_stage=zero_stage,
-                recompute=tuple(r for sp in stage_plans for r in sp.recompute), stages=tuple(stage_plans),
+                recompute=tuple(r for sp in stage_plans for r in sp.recompute), recompute_policy=policy,
+                stages=tuple(stage_plans),
                 microbatches=microbatches,
                 inputs=rebatch_spec(mb_graph.inputs, mb_graph.batch_size, mb_graph.batch_size * microbatches))

@@ -48,6 +48,7 @@ class Plan:
     epsilon: float = 0.0
     zero_stage: int = 0                              # ZeRO stage on the data-parallel axes
     recompute: tuple[str, ...] = ()                  # modules whose activations are recomputed
+    recompute_policy: str = "full"                   # what they keep (``tensoropt.recompute.POLICIES``)
     # Pipeline plans: mesh axis 0 is the pipeline axis; one plan per distinct stage (first,
     # a middle one standing for all middle stages, last), each per micro-batch. ``ops`` then
     # lists those stages' operators with configs on the stage sub-mesh (mesh_shape[1:]).

@@ -85,8 +85,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     for i, op in enumerate(graph.operators):
         cfg = problem.configs[i][a[i]]
         cost = problem.node_costs[i][a[i]]
-        again = i in recomputed_ops
-        act = 0.0 if again else problem.activation_factor * cost.activation_bytes
+        again = i in recomputed_ops and i not in problem.recompute_kept
+        if i in recomputed_ops:
+            act = problem.activation_factor * cost.output_bytes if i in problem.recompute_kept else 0.0
+        else:
+            act = problem.activation_factor * cost.activation_bytes
         act += cost.output_bytes if i in kept else 0.0
         act += copies[i]
         labels = problem.labels.get((i, a[i]))
@@ -120,13 +123,16 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         summary += f" zero{problem.zero_stage}"
     if recomputed:
         summary += f" rc{len(recomputed)}/{len(problem.units)}"
+        if problem.recompute_policy != "full":
+            summary += f":{problem.recompute_policy}"
     tr = ctx.training
     return Plan(model=graph.name, devices=ctx.devices, mesh_shape=mesh.shape,
                 mesh_links=tuple(link.name for link in mesh.links), time_s=float(t), memory_bytes=float(m),
                 summary=summary, ops=tuple(ops), breakdown=totals,
                 training={"precision": tr.precision, "optimizer": tr.optimizer, "batch_size": graph.batch_size},
                 param_signature=ctx.param_signature, label=label, epsilon=ctx.epsilon,
-                zero_stage=problem.zero_stage, recompute=tuple(recomputed), inputs=graph.inputs)
+                zero_stage=problem.zero_stage, recompute=tuple(recomputed),
+                recompute_policy=problem.recompute_policy if recomputed else "full", inputs=graph.inputs)
 
 
 def assignment_of(plan: Plan, problem: MeshProblem, graph: OpGraph) -> list[int]:

@@ -12,7 +12,9 @@ Activation recomputation is one more node per recompute unit (each repeated bloc
 with two configurations, keep (0) or recompute (1), and an edge to every operator of the
 unit: keep charges the operator's saved activations, recompute charges a second forward
 instead (and, on the unit's first operator, the unit input that the checkpoint keeps).
-The operator nodes themselves then carry no activation memory.
+Under a selective policy (``recompute.POLICIES``) recompute charges, for an operator whose
+output the unit keeps, that output and no second forward. The operator nodes themselves then
+carry no activation memory.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
+from .recompute import kept_outputs
 from .strategy import OpConfig, enumerate_configs, term_placements
 from .traffic import grad_partial, owners, tied_copy, tied_use_moves, tied_uses
 
@@ -60,6 +63,8 @@ class MeshProblem:
     # copy of its own where it moves it to another layout (``_resaved_copies``); ``scope`` is
     # (producer, [previous saver,] that operator), the table over their configurations
     resaved: tuple = ()
+    recompute_policy: str = "full"                # what a recomputed unit keeps (``recompute``)
+    recompute_kept: frozenset = frozenset()       # operators whose output a recomputed unit keeps
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -125,8 +130,10 @@ def _signature(op: Operator, owns: bool) -> tuple:
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
                   recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0,
-                  batch_only_axes: tuple[int, ...] = (), accumulates: bool = False) -> MeshProblem:
-    """``activation_factor`` multiplies saved activations (micro-batches in flight in a
+                  batch_only_axes: tuple[int, ...] = (), accumulates: bool = False,
+                  recompute_policy: str = "full") -> MeshProblem:
+    """``recompute_policy``: what a recomputed unit keeps (``recompute.POLICIES``).
+    ``activation_factor`` multiplies saved activations (micro-batches in flight in a
     pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
     iteration, where the rest of a stage's cost is per micro-batch). ``batch_only_axes``:
     mesh axes on which operators may only split the batch or replicate (data parallel);
@@ -174,6 +181,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             table[:, 0] += tied[i]
         nodes.append((op.name, table))
     input_bytes = []
+    kept_outs = frozenset(i for _, ops in units for i in kept_outputs(graph, ops, recompute_policy))
     for u, (name, ops) in enumerate(units):
         node = len(nodes)
         nodes.append((f"recompute:{name}", np.zeros((2, 2))))
@@ -183,9 +191,12 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
         for j, i in enumerate(ops):
             table = np.zeros((2, len(costs[i]), 2))
             table[0, :, 1] = [activation_factor * c.activation_bytes for c in costs[i]]
-            table[1, :, 0] = [c.forward_s for c in costs[i]]
+            if i in kept_outs:
+                table[1, :, 1] = [activation_factor * c.output_bytes for c in costs[i]]
+            else:
+                table[1, :, 0] = [c.forward_s for c in costs[i]]
             if j == 0:
-                table[1, :, 1] = activation_factor * np.asarray(kept)
+                table[1, :, 1] += activation_factor * np.asarray(kept)
             edges.append((node, i, table))
     blocks = _blocks_with_units(graph.blocks, units, len(graph.operators))
     cg = CostGraph.build(nodes, edges, blocks=blocks)
@@ -193,7 +204,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     resaved = _resaved_copies(graph, configs, mesh, cost_model, ahead_of, sigs, batch_only_axes)
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
-                       copies, resaved)
+                       copies, resaved, recompute_policy, kept_outs)
 
 
 def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict, sigs,

@@ -39,6 +39,7 @@ from .opgraph import OpGraph
 from .pipeline import pipeline_jobs, pipeline_shapes
 from .plan import Plan
 from .plan_builder import PlanContext
+from .recompute import check as check_policy
 from .pricing import cost_models
 from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
@@ -66,6 +67,7 @@ def frontier(
     coarse: bool | None = None,
     zero: bool = True,
     recompute: bool = True,
+    recompute_policy: str = "full",
     pipeline: bool = True,
     time_limit_s: float | None = None,
     progress: bool | None = None,
@@ -93,7 +95,9 @@ def frontier(
     devices; ``stats["search_space"]`` says which space was searched), ``zero`` (ZeRO stages 2
     and 3 on the data-parallel axes; stage 1 moves the same bytes as stage 2 and keeps more, so
     it never reaches the frontier), ``recompute`` (activation recomputation per repeated block),
-    ``pipeline`` (pipeline stages over the repeated blocks, 1F1B), ``time_limit_s``,
+    ``recompute_policy`` (what a recomputed block keeps, ``tensoropt.recompute``: ``"full"``
+    its input; ``"op"`` torchtitan's per-operator selective policy, also the outputs of its
+    attention kernels and of every other linear), ``pipeline`` (pipeline stages over the repeated blocks, 1F1B), ``time_limit_s``,
     ``progress``, ``references``, ``memory_limit`` (the resident memory the search may hold,
     e.g. ``"8GB"``; by default 80 % of what the machine has available: past it the search stops
     with :class:`~tensoropt.engine.memguard.SearchMemoryExceeded`, saying what to change) and
@@ -113,7 +117,7 @@ def frontier(
     options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, calibration=calibration,
                             epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
-                            pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
+                            recompute_policy=check_policy(recompute_policy), pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
                             memory_limit=memory_limit, prune_meshes=prune_meshes)
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
@@ -133,7 +137,7 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
              calibration: str | None = None, label: str = "yours") -> Plan:
     """The plan a user already runs, priced by the frontier's cost model, to compare with it
     (``Frontier.plot(yours=plan)``). ``tp``, ``pp``, ``dp``, ``microbatches`` (per step),
-    ``recompute`` ("none", "selective" or "full"), ``zero`` (stage over dp) and
+    ``recompute`` ("none", "selective", "full" or "op"), ``zero`` (stage over dp) and
     ``sequence_parallel``: see :class:`tensoropt.setups.Setup`; ``model``, ``devices``,
     ``inputs``, ``batch_size`` (the global batch), ``precision``, ``optimizer``, ``profile``
     and ``calibration`` as for :func:`frontier`."""

@@ -40,6 +40,9 @@ class SearchOptions:
     zero: bool = True
     #: activation recomputation per repeated block as a searched choice
     recompute: bool = True
+    #: what a recomputed block keeps (``tensoropt.recompute.POLICIES``): "full" keeps its
+    #: input; "op" also the outputs of its attention kernels and every other linear's
+    recompute_policy: str = "full"
     #: also search pipeline stages over the repeated blocks (``tensoropt.pipeline``)
     pipeline: bool = True
     #: seconds for the whole search (every mesh, stage count and device count); None: no limit

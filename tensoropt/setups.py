@@ -15,7 +15,9 @@ sequence parallelism, splits the sequence. On the data-parallel axis every opera
 has a batch splits it. Recomputation ``"full"`` recomputes every repeated block;
 ``"selective"`` (Korthikanti et al. 2022: recompute the attention core) keeps what a fused
 attention kernel keeps, which is what capture prices for attention, so it is priced as
-``"none"``.
+``"none"``. ``"op"`` is torchtitan's per-operator selective recomputation of every repeated
+block (``tensoropt.recompute``: it keeps the attention kernels' outputs and every other
+linear's).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .strategy import output_placements
 
 __all__ = ["Setup", "RECOMPUTE", "setup_plan", "setup_assignment", "COLUMN_PARALLEL", "ROW_PARALLEL"]
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 
 #: linears Megatron splits by output features (their leaf module name)
 COLUMN_PARALLEL = frozenset(("q_proj", "k_proj", "v_proj", "fc1", "gate_proj", "up_proj", "query", "key", "value",
@@ -101,8 +103,8 @@ def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: C
     if (graph.batch_size // setup.microbatches) % dp:
         raise ValueError(f"a micro-batch of {graph.batch_size // setup.microbatches} (batch {graph.batch_size} / "
                          f"{setup.microbatches} micro-batches) does not split over dp={dp}")
-    if setup.recompute == "full" and not graph.blocks:
-        raise ValueError(f"recompute='full' recomputes repeated blocks, and {graph.name} has none found")
+    if setup.recompute in ("full", "op") and not graph.blocks:
+        raise ValueError(f"recompute={setup.recompute!r} recomputes repeated blocks, and {graph.name} has none found")
     if setup.sequence_parallel and tp == 1:
         raise ValueError("sequence parallelism splits the sequence over the tensor-parallel axis; tp = 1")
     shape = tuple(n for n in (dp, tp) if n > 1) or (1,)
@@ -112,7 +114,8 @@ def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: C
         raise ValueError(f"a {'x'.join(map(str, shape))} mesh (dp x tp) does not fit nodes of "
                          f"{cluster.per_node} devices: keep tp within a node")
     cm = cost_for(mesh)
-    recompute = setup.recompute == "full"
+    recompute = setup.recompute in ("full", "op")
+    policy = "op" if setup.recompute == "op" else "full"
     # every axis data-parallel runs on FSDP2 fully_shard, which shards gradients: ZeRO-1 runs
     # (and is priced) as ZeRO-2 there; with model-parallel axes it is priced as such
     zero = 2 if setup.zero == 1 and tp == 1 and pp == 1 else setup.zero
@@ -124,21 +127,22 @@ def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: C
 
     if pp > 1:
         plan = pipeline_plan_of(replace(ctx, graph=micro), cluster, pp, setup.microbatches, mesh, cm, choose,
-                                zero_stage=zero, recompute=recompute)
+                                zero_stage=zero, recompute=recompute, recompute_policy=policy)
     elif setup.microbatches > 1:
-        plan = _accumulated(ctx, micro, mesh, cm, setup.microbatches, choose, zero, recompute)
+        plan = _accumulated(ctx, micro, mesh, cm, setup.microbatches, choose, zero, recompute, policy)
     else:
-        problem = build_problem(graph, mesh, cm, zero_stage=zero, recompute=recompute)
+        problem = build_problem(graph, mesh, cm, zero_stage=zero, recompute=recompute, recompute_policy=policy)
         plan = plan_from_assignment(ctx, problem, choose(graph, problem))
     return replace(plan, label=label, summary=f"{plan.summary} [{setup.describe(cluster.world_size)}]")
 
 
-def _accumulated(ctx: PlanContext, micro: OpGraph, mesh, cm, m: int, choose, zero: int, recompute: bool) -> Plan:
+def _accumulated(ctx: PlanContext, micro: OpGraph, mesh, cm, m: int, choose, zero: int, recompute: bool,
+                 policy: str) -> Plan:
     """Gradient accumulation over ``m`` micro-batches: each computes as the model at the
     micro-batch size does, gradients are reduced once per step (the operators' own figures
     stay per micro-batch, as a pipeline stage's do)."""
     problem = build_problem(micro, mesh, cm, zero_stage=zero, recompute=recompute, comm_factor=1.0 / m,
-                            accumulates=True)
+                            accumulates=True, recompute_policy=policy)
     plan = plan_from_assignment(replace(ctx, graph=micro), problem, choose(micro, problem), microbatches=m)
     b = dict(plan.breakdown)
     for k in ("compute_s", "recompute_s", "relayout_s"):      # per micro-batch; comm_s is per step

@@ -42,10 +42,10 @@ WORKER = Path(__file__).parent / "dist_scripts" / "beyond_worker.py"
 CASES_2 = ["mlp:zero3_mp", "mlp:zero2_mp", "gpt:rc_mp", "gpt:pp", "gpt:pp_rc@last",
            "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
            "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
-           "mlp-big:setup_dp2_zero2"]
+           "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop"]
 MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
              "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
-             "mlp-big:setup_dp2_zero2"]
+             "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop"]
 CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
            "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp"]
 MEASURE_4 = ["mlp-big:zero3_mp@last"]
@@ -70,7 +70,9 @@ MEMORY_ABS = [("mlp-big:zero3_mp@last", 2), ("mlp-big:zero3_mp@last", 4),
               # block groups gathered whole (were +11 % and +13 % before these were priced)
               ("gpt-big:setup_dp2_zero2", 2), ("gpt-big:setup_dp2_zero3", 2),
               # one group (no repeated blocks): its whole gradients wait for one reduce-scatter
-              ("mlp-big:setup_dp2_zero2", 2)]
+              ("mlp-big:setup_dp2_zero2", 2),
+              # per-operator selective recomputation (torchtitan's "op" policy), DTensor and FSDP2
+              ("gpt-big:setup_tp2_rcop", 2), ("gpt-big:setup_dp2_zero3_rcop", 2)]
 
 
 @pytest.fixture(scope="module")

@@ -190,6 +190,15 @@ def test_cli_prints_the_frontier_and_writes_plan_and_plot(tmp_path, capsys):
     assert lines[0].startswith("time_s,memory_bytes") and len(lines) >= 2
 
 
+def test_cli_searches_per_operator_recomputation(capsys):
+    rc = cli_main(["frontier", "--model", "gpt-tiny", "--devices", "cpu:2", "--recompute-policy", "op",
+                   "--format", "csv", "--no-progress"])
+    assert rc == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    recomputed = [r for r in rows if " rc" in r]
+    assert recomputed and all(":op" in r for r in recomputed)
+
+
 def test_cli_bad_input_exits_2(capsys):
     assert cli_main(["frontier", "--model", "nope", "--no-progress"]) == 2
     assert "unknown model" in capsys.readouterr().err

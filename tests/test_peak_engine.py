@@ -177,6 +177,26 @@ def test_best_under_a_budget_is_the_brute_force_optimum(mlp_search):
         assert np.isclose(every, [p.time_s, p.peak_memory_bytes], rtol=1e-12, atol=0).all(axis=1).any()
 
 
+def test_selective_recompute_frontiers_equal_brute_force(monkeypatch):
+    """Under the per-operator policy a recomputed block keeps its first linear's output, wider
+    than that linear's input: the peak model's terms for it stay exact where the next operator
+    saves that output, and the search equals brute force."""
+    import tensoropt
+
+    model, inputs = _residual_mlp()
+    seen = _record(monkeypatch)
+    f = tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False,
+                           prune_meshes=False, zero=False, recompute_policy="op")
+    assert len(seen) == 1
+    found = seen[0]
+    assert found.stats["peak_search"] == "exact"
+    # the kept output's excess over what its linear saves goes to the next operator's remat
+    assert any(len(t.scope) == 3 for r in found.model.exact.regions for t in r.remat)
+    assert np.array_equal(np.column_stack([found.times, found.peaks]), _brute_force(found))
+    rc = [p for p in f.plans if p.recompute]
+    assert rc and all(p.recompute_policy == "op" and ":op" in p.summary for p in rc)
+
+
 def _tied_lm():
     """An embedding whose weight the output projection uses again (a tied language model head)."""
     import torch

@@ -86,6 +86,20 @@ def test_full_recomputation_and_zero():
     assert not sel.recompute
 
 
+def test_per_operator_recomputation_sits_between_none_and_full():
+    """torchtitan's "op" policy keeps attention outputs and every other linear's: less memory
+    than keeping everything, more than full recomputation; a second forward of what it does
+    not keep, less than full recomputation's."""
+    none, full, op = (plan_for("gpt-tiny", DEVICES, recompute=r, dp=2, tp=4, zero=3) for r in ("none", "full", "op"))
+    assert op.recompute == full.recompute and op.recompute_policy == "op" and full.recompute_policy == "full"
+    assert full.peak_memory_bytes < op.peak_memory_bytes < none.peak_memory_bytes
+    assert 0 < op.breakdown["recompute_s"] < full.breakdown["recompute_s"]
+    assert none.time_s < op.time_s < full.time_s
+    assert "rc:op" in op.summary
+    again = tensoropt.Plan.from_json(op.to_json())
+    assert again.recompute_policy == "op"
+
+
 @pytest.mark.parametrize("kw", [dict(dp=8), dict(tp=2), dict(tp=4, sequence_parallel=True), dict(dp=8, zero=2),
                                 dict(tp=8, recompute="full"), dict(tp=2, dp=4, zero=3)])
 def test_no_setup_beats_the_exact_frontier_at_its_memory(gpt_frontier, kw):

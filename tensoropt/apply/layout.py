@@ -31,6 +31,7 @@ from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replic
 from ..opgraph import OpGraph
 from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
+from .checkpointing import checkpoint_context
 from ..strategy import OpConfig, contracted_labels, output_placements, term_placements
 from ..traffic import grad_partial
 from ..capture.signature import param_signature
@@ -249,7 +250,7 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     else:
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
     for fqn in getattr(layout.plan, "recompute", ()) or ():
-        checkpoint_forward(model.get_submodule(fqn))
+        checkpoint_forward(model.get_submodule(fqn), getattr(layout.plan, "recompute_policy", "full"))
     names = tuple(layout.axis_names[a] for a in layout.data_axes)
     dp = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("_".join(names))
     for fqn in layout.graph.block_modules:
@@ -282,16 +283,18 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     model.register_forward_hook(post)
 
 
-def checkpoint_forward(module: nn.Module) -> None:
+def checkpoint_forward(module: nn.Module, policy: str = "full") -> None:
     """Activation checkpointing without changing FQNs: the module's forward (inside its hooks)
-    runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``."""
+    runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, keeping what
+    ``policy`` keeps (``tensoropt.recompute``)."""
     if getattr(module, "_tensoropt_recompute", False):
         return
     orig = module.forward
+    extra = {"context_fn": checkpoint_context(policy)} if policy != "full" else {}
 
     @functools.wraps(orig)
     def forward(*args, **kwargs):
-        return checkpoint(orig, *args, use_reentrant=False, **kwargs)
+        return checkpoint(orig, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = forward                  # type: ignore[method-assign]
     module._tensoropt_recompute = True        # type: ignore[attr-defined]

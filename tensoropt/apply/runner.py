@@ -46,6 +46,7 @@ from ..capture.program import Program, call_node, module_paths
 from ..capture.inputs import bind_call, forward_signature
 from .. import placement as planned
 from .batch_norm import sync_batch_norm
+from .checkpointing import checkpoint_context
 
 __all__ = ["ProgramRunner", "to_placement", "Step", "is_skipped"]
 
@@ -309,7 +310,9 @@ class ProgramRunner:
                 self.replaying = saved
             return tuple(local[o] for o in outs)
 
-        res = checkpoint(body, *[env[r] for r in names], use_reentrant=False)
+        policy = getattr(self.layout.plan, "recompute_policy", "full")
+        extra = {"context_fn": checkpoint_context(policy)} if policy != "full" else {}
+        res = checkpoint(body, *[env[r] for r in names], use_reentrant=False, **extra)
         env.update(zip(outs, res))
 
     def _body_nodes(self, steps: list[Step]):

@@ -109,7 +109,11 @@ def _case(name: str, row: dict, cid: str) -> Case:
         global_batch = int(row["global_batch"])
         local = int(row.get("micro_batch_local") or 1)
         ac = str(row.get("activation_checkpointing", "none"))
-        recompute = "full" if ac.startswith("full") else ("selective" if "selective" in ac else "none")
+        # torchtitan's "selective" runs its per-operator policy unless a row says otherwise
+        # (selective_ac_option = "op" in its Llama 3 configurations)
+        recompute = "full" if ac.startswith("full") else ("op" if "selective" in ac else "none")
+        if recompute == "op" and "op" not in ac:
+            assumptions.append("torchtitan's selective recomputation taken as its per-op policy (the configs' default)")
         setup = dict(tp=tp, pp=pp, dp=dp, zero=3 if dp > 1 else 0, recompute=recompute,
                      sequence_parallel=tp > 1,
                      microbatches=max(global_batch // (dp * local), 1) if pp > 1 else 1)

@@ -22,7 +22,8 @@ pipeline stages unless the selector asks for them):
 A ``@k`` suffix picks the k-th match (0-based); ``@last`` the last (lowest-memory) one.
   setup_<parts>         not a frontier plan: ``tensoropt.plan_for`` with the degrees named by the
                         parts, e.g. ``setup_tp2_sp_rc`` (tp=2, sequence parallel, full
-                        recomputation), ``setup_pp2_tp2_mb4``, ``setup_dp2_zero3``
+                        recomputation; ``rcop`` per-operator selective), ``setup_pp2_tp2_mb4``,
+                        ``setup_dp2_zero3``
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def setup_kwargs(which: str) -> dict:
             kw["sequence_parallel"] = True
         elif part == "rc":
             kw["recompute"] = "full"
+        elif part == "rcop":
+            kw["recompute"] = "op"
         elif part.startswith("zero"):
             kw["zero"] = int(part[4:])
         elif part.startswith("mb"):
