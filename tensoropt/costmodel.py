@@ -177,19 +177,20 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     if model_parallel:
         comm += tt.per_collective_s * _calls(moves)
     act = 0.0
+    tensor_scale = cm.training.loss_scale if op.family == "loss" else cm.training.scale
     for i in op.saved_operands:
         t, spec = (out, op.output) if i == -1 else (terms[i], op.operands[i])
-        act += spec.nbytes * cm.training.scale(spec) / cfg.shards(t, shape)
+        act += spec.nbytes * tensor_scale(spec) / cfg.shards(t, shape)
     # Extras (masks, statistics) are sharded like the output; a loss's scalar output has no
     # dims, and its extras (the log-softmax) are shaped like its first input.
     extra_term = out or terms[0]
-    act += op.saved_extra_bytes * cm.training.scale(op.output) / cfg.shards(extra_term, shape)
-    grad_out = op.output.nbytes * cm.training.scale(op.output) / cfg.shards(out, shape) if out else 0.0
-    grad_in = max((spec.nbytes * cm.training.scale(spec) / cfg.shards(t, shape)
-                   for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None), default=0.0)
+    act += op.saved_extra_bytes * tensor_scale(op.output) / cfg.shards(extra_term, shape)
+    grad_out = op.output.nbytes * tensor_scale(op.output) / cfg.shards(out, shape) if out else 0.0
+    inputs = [(t, spec) for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None]
+    grad_in = max((spec.nbytes * tensor_scale(spec) / cfg.shards(t, shape) for t, spec in inputs), default=0.0)
     # what capture measured beyond these (cross-entropy's second gradient of the logits, through
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
-    grad_in += op.backward_extra_bytes * cm.training.scale(op.output) / cfg.shards(extra_term, shape)
+    grad_in += op.backward_extra_bytes * tensor_scale(op.output) / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
                     grad_out, regathered, tt.optimizer_s_per_param * updated)
 

@@ -65,3 +65,11 @@ class TrainingConfig:
         if spec.dtype.startswith("float") or spec.dtype.startswith("bfloat"):
             return self.activation_itemsize / spec.itemsize
         return 1.0
+
+    def loss_scale(self, spec: TensorSpec) -> float:
+        """:meth:`scale` for the tensors a loss computes with: a loss runs in fp32 under mixed
+        precision (autocast's fp32 list has the cross-entropy and log-softmax; transformers
+        and torchtitan upcast the logits before it)."""
+        if spec.dtype.startswith("float") or spec.dtype.startswith("bfloat"):
+            return 4 / spec.itemsize
+        return 1.0

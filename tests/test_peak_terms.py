@@ -240,3 +240,45 @@ def test_like_blocks_and_zero_stages_share_their_tables():
     of_first = {id(t.table) for t in terms if len(t.scope) > 1 and set(t.scope) <= first}
     of_second = [t.table for t in terms if len(t.scope) > 1 and set(t.scope) <= second]
     assert of_second and all(id(t) in of_first for t in of_second)
+
+
+def test_a_loss_keeps_fp32_log_probabilities_under_mixed_precision():
+    """transformers' causal-LM loss upcasts the logits: a bf16 model saves fp32
+    log-probabilities for backward. Under bf16-mixed the cost model prices the loss so (and
+    its backward's gradients of the logits), the rest of the model in bf16."""
+    import torch
+    import transformers
+    from tensoropt.mesh import Mesh
+    from tensoropt.training import TrainingConfig
+
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    ids = torch.randint(0, 512, (3, 16))
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    # [tokens, vocab] tensors saved for backward: the fp32 log-probabilities (the bf16 logits
+    # themselves are saved by nothing: the linear saves its input)
+    wide = [t for t in saved if t.dim() and t.shape[-1] == 512 and t.numel() >= 3 * 15 * 512]
+    assert {t.dtype for t in wide} == {torch.float32}
+    measured = sum(t.untyped_storage().nbytes() for t in {t.data_ptr(): t for t in wide}.values())
+
+    graph = capture(transformers.LlamaForCausalLM(cfg), (), kwargs=dict(input_ids=ids, labels=ids))
+    loss = next(i for i, op in enumerate(graph.operators) if op.family == "loss")
+    mesh = Mesh((1,), ("m0",), (get_link_loopback(),))
+    bf16 = CostModel(get_device("A100-80GB"), training=TrainingConfig("bf16-mixed"))
+    problem = build_problem(graph, mesh, bf16, recompute=False)
+    cost = problem.node_costs[loss][0]             # one device: every configuration holds it whole
+    assert cost.activation_bytes == pytest.approx(measured, rel=0.1)
+    lm_head = next(i for i, op in enumerate(graph.operators) if op.name == "lm_head")
+    assert problem.node_costs[lm_head][0].output_bytes == pytest.approx(measured / 2, rel=0.1)   # bf16 logits
+
+
+def get_link_loopback():
+    from tensoropt.hardware import get_link
+    return get_link("gloo-loopback")
