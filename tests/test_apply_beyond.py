@@ -42,10 +42,12 @@ WORKER = Path(__file__).parent / "dist_scripts" / "beyond_worker.py"
 CASES_2 = ["mlp:zero3_mp", "mlp:zero2_mp", "gpt:rc_mp", "gpt:pp", "gpt:pp_rc@last",
            "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
            "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
-           "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop"]
+           "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
+           "gpt-big:setup_pp2_rcop_mb4"]
 MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
              "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
-             "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop"]
+             "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
+             "gpt-big:setup_pp2_rcop_mb4"]
 CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
            "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp"]
 MEASURE_4 = ["mlp-big:zero3_mp@last"]
@@ -72,7 +74,8 @@ MEMORY_ABS = [("mlp-big:zero3_mp@last", 2), ("mlp-big:zero3_mp@last", 4),
               # one group (no repeated blocks): its whole gradients wait for one reduce-scatter
               ("mlp-big:setup_dp2_zero2", 2),
               # per-operator selective recomputation (torchtitan's "op" policy), DTensor and FSDP2
-              ("gpt-big:setup_tp2_rcop", 2), ("gpt-big:setup_dp2_zero3_rcop", 2)]
+              ("gpt-big:setup_tp2_rcop", 2), ("gpt-big:setup_dp2_zero3_rcop", 2),
+              ("gpt-big:setup_pp2_rcop_mb4", 2)]
 
 
 @pytest.fixture(scope="module")
