@@ -1,6 +1,6 @@
 """What a recomputed unit keeps between its forward and its backward: the policies a plan
 may name, defined once for the cost model (which operators' outputs stay) and for the apply
-layer (which aten ops' outputs its checkpoint keeps, ``apply.layout.checkpoint_context``).
+layer (which aten ops' outputs its checkpoint keeps, ``apply.checkpointing.checkpoint_context``).
 
 * ``"full"``: the unit keeps its input and runs its whole forward again in backward.
 * ``"op"``: per-operator selective recomputation, torchtitan's ``selective_ac_option = "op"``
@@ -8,7 +8,9 @@ layer (which aten ops' outputs its checkpoint keeps, ``apply.layout.checkpoint_c
   other matrix multiply of a linear layer (the first, third, ... in forward order, counted
   per unit), and recomputes the rest (norms, activations, rotary embeddings, the other
   matrix multiplies). Counted per recomputed forward as torchtitan counts ``aten.mm``; here
-  ``aten.addmm`` (a linear with a bias) counts too.
+  ``aten.addmm`` (a linear with a bias) counts too. A captured ``aten.matmul`` of 2-D
+  operands also runs an ``mm`` at run time but is not counted here: a block with one would
+  be priced off by one in the count.
 """
 
 from __future__ import annotations
@@ -45,12 +47,12 @@ def kept_outputs(graph: OpGraph, ops: Sequence[int], policy: str) -> frozenset[i
         return frozenset()
     kept, mms = set(), 0
     for i in ops:
-        aten = set(graph.operators[i].aten)
-        if aten & _LINEAR_ATEN and len(graph.operators[i].aten) == 1:
-            mms += 1
-            if _keeps_nth_mm(mms):
-                kept.add(i)
-        elif aten & _ATTENTION_ATEN:
+        aten = graph.operators[i].aten
+        linears = sum(a in _LINEAR_ATEN for a in aten)
+        mms += linears
+        # an operator's output is a kept matrix multiply's only where it is one linear alone
+        # (a fused group's linears count, but its output is another op's)
+        if (linears == 1 and len(aten) == 1 and _keeps_nth_mm(mms)) or set(aten) & _ATTENTION_ATEN:
             kept.add(i)
     return frozenset(kept)
 
