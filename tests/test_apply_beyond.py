@@ -43,11 +43,11 @@ CASES_2 = ["mlp:zero3_mp", "mlp:zero2_mp", "gpt:rc_mp", "gpt:pp", "gpt:pp_rc@las
            "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
            "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
            "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
-           "gpt-big:setup_pp2_rcop_mb4"]
+           "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2"]
 MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
              "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
              "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
-             "gpt-big:setup_pp2_rcop_mb4"]
+             "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2"]
 CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
            "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp"]
 MEASURE_4 = ["mlp-big:zero3_mp@last"]
@@ -75,7 +75,15 @@ MEMORY_ABS = [("mlp-big:zero3_mp@last", 2), ("mlp-big:zero3_mp@last", 4),
               ("mlp-big:setup_dp2_zero2", 2),
               # per-operator selective recomputation (torchtitan's "op" policy), DTensor and FSDP2
               ("gpt-big:setup_tp2_rcop", 2), ("gpt-big:setup_dp2_zero3_rcop", 2),
-              ("gpt-big:setup_pp2_rcop_mb4", 2)]
+              ("gpt-big:setup_pp2_rcop_mb4", 2),
+              # gradient accumulation over 2 micro-batches without pipeline stages (train_step)
+              ("gpt-big:setup_tp2_mb2", 2),
+              # Known gap, kept visible: under FSDP2 (replicate, and fully_shard with ZeRO-2:
+              # +15 % measured) accumulation holds more than priced (measured 45.9 MB against
+              # 40.3 MB predicted). strict: passing again must be noticed.
+              pytest.param("gpt-big:setup_dp2_mb2", 2, marks=pytest.mark.xfail(
+                  strict=True, reason="FSDP2's buffers while accumulating gradients over micro-batches are "
+                                      "not priced"))]
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +126,9 @@ def test_cases_cover_zero_recompute_pipelines(results_2, results_4):
     assert any(r["world"] == 2 for r in pipes) and any(r["world"] == 4 for r in pipes)
     assert any(r["recompute"] and r["microbatches"] > 2 for r in pipes)
     assert any("tp" in r["plan"] for r in pipes)          # tensor parallel inside the stages
+    # gradient accumulation without pipeline stages, in DTensor and FSDP2 layouts
+    accumulated = [r for r in res if r["microbatches"] > 1 and not r["stages"]]
+    assert {r["mode"] for r in accumulated} >= {"dtensor"} and len(accumulated) >= 2
 
 
 def _memory(results_2, results_4, case, world):

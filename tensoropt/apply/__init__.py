@@ -20,6 +20,7 @@ peak memory.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from ..capture.inputs import loss_of
 from ..capture.signature import param_signature
+from ..opgraph import rebatch_spec
 from ..plan import Plan
 from .layout import PlanNotApplicable, apply_plan, layout_of, plan_layout
 from .measure import count_collectives, peak_memory, step_peak_memory
@@ -69,12 +71,22 @@ def parallelize(model: nn.Module, plan: "Plan | str | os.PathLike", mesh: Device
     ``model(...)`` (positional or keyword, as planned) and gets the global loss back. ZeRO
     stages and recomputed modules of the plan are applied. A pipeline plan returns a
     :class:`PipelineRunner` instead: forward and backward run together over the
-    micro-batches (1F1B), ``loss = runner.step(...)``; :func:`train_step` runs one step of
-    either kind.
+    micro-batches (1F1B), ``loss = runner.step(...)``. A plan that accumulates gradients over
+    micro-batches without pipeline stages (``plan_for(..., microbatches=m)``) is laid out for
+    one micro-batch: run its steps with :func:`train_step`, which cuts the global batch.
+    :func:`train_step` runs one step of any kind.
     """
     plan = load_plan(plan)
     if plan.stages:
         return pipeline(model, plan, mesh=mesh, inputs=inputs)
+    m, batch = plan.microbatches, int(plan.training.get("batch_size", 0) or 0)
+    if m > 1:
+        # gradient accumulation: laid out for one micro-batch; train_step runs the m of a step
+        if not plan.inputs or not batch or batch % m:
+            raise ValueError(f"a plan accumulating {m} micro-batches needs the input shapes it stores, at a "
+                             f"global batch that {m} divides (got batch {batch or 'unknown'}); plan it again "
+                             f"with tensoropt.plan_for")
+        plan = replace(plan, inputs=rebatch_spec(plan.inputs, batch, batch // m))
     layout = plan_layout(plan, model, inputs)
     ws = current_world_size()
     if ws != plan.world_size:
@@ -88,14 +100,31 @@ def parallelize(model: nn.Module, plan: "Plan | str | os.PathLike", mesh: Device
         model.to(torch.device("cuda", torch.cuda.current_device()))
     if mesh is None:
         mesh = device_mesh(device_type, tuple(plan.mesh_shape), plan.mesh_axis_names)
-    return apply_plan(model, layout, mesh)
+    out = apply_plan(model, layout, mesh)
+    if m > 1:
+        out._tensoropt_accumulate = (m, batch)        # type: ignore[attr-defined]
+    return out
 
 
 def train_step(model, *args, **kwargs):
     """One training step's forward and backward on a parallelized model (a pipeline's 1F1B
-    schedule, or ``model(...)`` then ``backward``); returns the loss (detached for a pipeline)."""
+    schedule; for a plan accumulating gradients, ``model(...)`` and ``backward`` on each of
+    its micro-batches, cut from the global batch along dimension 0, each loss scaled by one
+    over their number; else ``model(...)`` then ``backward``); returns the loss (detached for
+    a pipeline and for accumulated micro-batches: their mean)."""
     if isinstance(model, PipelineRunner):
         return model.step(*args, **kwargs)
+    accumulate = getattr(model, "_tensoropt_accumulate", None)
+    if accumulate is not None:
+        m, batch = accumulate
+        total = 0.0
+        for k in range(m):
+            cut = lambda a: a.chunk(m, dim=0)[k] if isinstance(a, torch.Tensor) and a.dim() and \
+                a.shape[0] == batch else a  # noqa: E731
+            loss = loss_of(model(*[cut(a) for a in args], **{n: cut(v) for n, v in kwargs.items()}))
+            (loss / m).backward()
+            total = total + loss.detach()
+        return total / m
     out = model(*args, **kwargs)
     loss = loss_of(out)
     loss.backward()

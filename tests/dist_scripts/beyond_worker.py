@@ -45,7 +45,7 @@ from plan_worker import (LR, MODELS, get_frontier, make_inputs, make_model, rel_
 import tensoropt  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
 
-from tensoropt.apply import full_grads, parallelize, step_peak_memory  # noqa: E402
+from tensoropt.apply import full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
 from tensoropt.execution import apply_mode  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 from tensoropt.strategy import OpConfig  # noqa: E402
@@ -148,9 +148,7 @@ def build(key: str, plan, graph):
     parallelize(model, plan)
 
     def step():
-        loss = model(*inputs)
-        loss.backward()
-        return loss
+        return train_step(model, *inputs)
     return step, list(model.parameters()), (lambda: full_grads(model)), model, model
 
 
@@ -198,7 +196,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     res["loss3_ref"] = loss3_ref
     res["loss3_rel"] = abs(res["loss3"] - loss3_ref) / abs(loss3_ref)
     if measure:
-        mem = step_peak_memory(step, opt, tracked, modules=not plan.stages)
+        mem = step_peak_memory(step, opt, tracked, modules=not (plan.stages or plan.microbatches > 1))
         res["peak_bytes"] = mem["peak_bytes"]
         res["peak_by_category"] = mem["by_category"]
         if "rc" not in which and "zero" not in which or which.startswith("setup"):
@@ -206,7 +204,7 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         base = baseline_of(plan, which)
         bstep, bparams, _, btracked, _ = build(key, base, graph)
         bopt = torch.optim.Adam(bparams, lr=LR)
-        bmem = step_peak_memory(bstep, bopt, btracked, modules=not plan.stages)
+        bmem = step_peak_memory(bstep, bopt, btracked, modules=not (plan.stages or plan.microbatches > 1))
         res["baseline_peak_bytes"] = bmem["peak_bytes"]
         res["baseline_by_category"] = bmem["by_category"]
     return res
