@@ -129,6 +129,7 @@ def test_cases_cover_zero_recompute_pipelines(results_2, results_4):
     # gradient accumulation without pipeline stages, in DTensor and FSDP2 layouts
     accumulated = [r for r in res if r["microbatches"] > 1 and not r["stages"]]
     assert {r["mode"] for r in accumulated} >= {"dtensor"} and len(accumulated) >= 2
+    assert all(r["whole_batch_refused"] for r in accumulated)
 
 
 def _memory(results_2, results_4, case, world):

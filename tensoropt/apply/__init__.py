@@ -103,6 +103,14 @@ def parallelize(model: nn.Module, plan: "Plan | str | os.PathLike", mesh: Device
     out = apply_plan(model, layout, mesh)
     if m > 1:
         out._tensoropt_accumulate = (m, batch)        # type: ignore[attr-defined]
+
+        def whole_batch(_m, args, kwargs):
+            if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch
+                   for a in (*args, *kwargs.values())):
+                raise ValueError(f"this plan accumulates gradients over {m} micro-batches of {batch // m}: "
+                                 f"run a step with tensoropt.train_step(model, ...), which cuts the batch of "
+                                 f"{batch}, not model(...) on the whole batch")
+        out.register_forward_pre_hook(whole_batch, with_kwargs=True, prepend=True)
     return out
 
 

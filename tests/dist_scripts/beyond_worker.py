@@ -173,6 +173,12 @@ def run_case(case: str, world: int, measure: bool) -> dict:
 
     step, params, grads_fn, tracked, _ = build(key, plan, graph)
     res["mode"] = _mode(plan, key, graph)
+    if plan.microbatches > 1 and not plan.stages:
+        try:                                      # the whole batch through model(...) is refused
+            tracked(*inputs)
+            res["whole_batch_refused"] = False
+        except ValueError as e:
+            res["whole_batch_refused"] = "train_step" in str(e)
     loss = step()
     res["loss"] = float(loss.detach())
     res["loss_ref"] = float(loss_ref.detach())
