@@ -248,7 +248,7 @@ class _Terms:
     extra: list | None   # replicate: what FSDP2 holds while each operator runs backward
     unit_input: list
     skips: tuple
-    kept: list           # output bytes a recomputed unit keeps of each operator (its policy), else zeros
+    kept: dict           # operator -> the output bytes a recomputed unit keeps of it (its policy)
     tied: dict = field(default_factory=dict)     # later user -> (scope, held, regathered), exact graph
     resave: dict = field(default_factory=dict)   # operator -> [(kind, term)]: copies it keeps of saved tensors
     _by_unit: dict = field(default_factory=dict)
@@ -259,9 +259,11 @@ class _Terms:
         whole): where a kept output is larger than what its operator saves (a linear that
         widens), the next operator's remat, which saves that output, takes the excess; what it
         cannot take is counted twice while the unit's backward is at that operator or before."""
-        own = self.act[p] + self.reg[p] - self.kept[p]
-        if p > first:
-            q = p - 1
+        own = self.act[p] + self.reg[p]
+        if p in self.kept:
+            own = own - self.kept[p]
+        q = p - 1
+        if p > first and q in self.kept:
             excess = np.maximum(self.kept[q] - self.act[q] - self.reg[q], 0.0)
             if excess.any():
                 table = np.maximum(own[None, :] - excess[:, None], 0.0)
@@ -353,7 +355,7 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     terms = _Terms(act, trans, out, reg, moves, into,
                    _replicate_extra(grads, params, problem, graph, reg) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
-                   problem.skips, [o * (i in problem.recompute_kept) for i, o in enumerate(out)], tied, resave)
+                   problem.skips, {i: out[i] for i in problem.recompute_kept}, tied, resave)
     groups = _groups(problem, graph)
     regions, units = [], []
     for ops, mode in groups:
@@ -383,7 +385,7 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
     for j, p in enumerate(ops):
         kinds: dict[str, list[Term]] = {k: [] for k in ("held", "view", "remat", "local", "base", "rise")}
         zero = np.zeros_like(tm.act[p])
-        m, held = _mode_pair(mode, tm.act[p], tm.kept[p])
+        m, held = _mode_pair(mode, tm.act[p], tm.kept.get(p, zero))
         kinds["held"].append(Term(m + (p,), held))
         copy = tm.tied.get(p)
         if copy is not None:      # kept in either mode: a tied use inside a recomputed unit is rare
@@ -440,16 +442,17 @@ def _block_region(ops, mode, tm: _Terms, problem, graph) -> Region:
     after_keep = np.append(np.cumsum(keep_min[::-1])[::-1][1:], 0.0)
     after_rc = np.append(np.cumsum(rc_min[::-1])[::-1][1:], 0.0)
     # the unit's second forward still holds the outputs its policy kept of later operators
-    rise_min = np.array([tm.remat(mode, first, i).table[1].min() for i in ops]) if mode is not None else keep_min
+    remat = {p: tm.remat(mode, first, p) for p in ops} if mode is not None else {}
+    rise_min = np.array([remat[p].table[1].min() for p in ops]) if mode is not None else keep_min
     after_rise = np.append(np.cumsum(rise_min[::-1])[::-1][1:], 0.0)
     for s in sorted({s for p in ops for s in tm.pending(p)}):
         kinds["view"].append(Term((s,), tm.out[s]))
     for j, p in enumerate(ops):
         zero = np.zeros_like(tm.act[p])
-        m, held = _mode_pair(mode, tm.act[p], tm.kept[p])
+        m, held = _mode_pair(mode, tm.act[p], tm.kept.get(p, zero))
         kinds["held"].append(Term(m + (p,), held))
         if mode is not None:
-            kinds["remat"].append(tm.remat(mode, first, p))
+            kinds["remat"].append(remat[p])
         for kind, term in tm.resave.get(p, ()):
             kinds[kind].append(term)
         extra = tm.extra[p] if tm.extra is not None else 0.0
