@@ -27,12 +27,13 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_flatten
 
 from ..capture.inputs import loss_of
 from ..capture.signature import param_signature
 from ..opgraph import rebatch_spec
 from ..plan import Plan
-from .layout import PlanNotApplicable, apply_plan, layout_of, plan_layout
+from .layout import PlanNotApplicable, apply_plan, layout_of, plan_layout, split_batch
 from .measure import count_collectives, peak_memory, step_peak_memory
 from .meshes import device_mesh
 from .pipeline_runner import PipelineRunner, pipeline
@@ -106,7 +107,7 @@ def parallelize(model: nn.Module, plan: "Plan | str | os.PathLike", mesh: Device
 
         def whole_batch(_m, args, kwargs):
             if any(isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == batch
-                   for a in (*args, *kwargs.values())):
+                   for a in tree_flatten((args, kwargs))[0]):
                 raise ValueError(f"this plan accumulates gradients over {m} micro-batches of {batch // m}: "
                                  f"run a step with tensoropt.train_step(model, ...), which cuts the batch of "
                                  f"{batch}, not model(...) on the whole batch")
@@ -126,10 +127,8 @@ def train_step(model, *args, **kwargs):
     if accumulate is not None:
         m, batch = accumulate
         total = 0.0
-        for k in range(m):
-            cut = lambda a: a.chunk(m, dim=0)[k] if isinstance(a, torch.Tensor) and a.dim() and \
-                a.shape[0] == batch else a  # noqa: E731
-            loss = loss_of(model(*[cut(a) for a in args], **{n: cut(v) for n, v in kwargs.items()}))
+        for part_args, part_kwargs in split_batch((args, kwargs), batch, m):
+            loss = loss_of(model(*part_args, **part_kwargs))
             (loss / m).backward()
             total = total + loss.detach()
         return total / m

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
 from ..capture.inputs import example_call, inputs_from_spec, loss_of, replace_loss
@@ -37,7 +38,7 @@ from ..traffic import grad_partial
 from ..capture.signature import param_signature
 
 __all__ = ["PlanNotApplicable", "PlanLayout", "OpLayout", "plan_layout", "apply_plan", "capture_for_plan", "plan_call",
-           "checkpoint_forward"]
+           "checkpoint_forward", "split_batch"]
 
 
 class PlanNotApplicable(ValueError):
@@ -261,15 +262,10 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
     n, r = dp.size(), dp.get_local_rank()
     batch = layout.graph.batch_size
 
-    def cut(a):
-        if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch:
-            return a.chunk(n, dim=0)[r].contiguous()
-        return a
-
     def pre(_m, args, kwargs):
         if batch % n:
             raise ValueError(f"batch of {batch} does not split evenly over {n} data-parallel ranks")
-        return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+        return split_batch((tuple(args), kwargs), batch, n)[r]
 
     def post(_m, _args, out):
         loss = loss_of(out)
@@ -281,6 +277,16 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
     model.register_forward_hook(post)
+
+
+def split_batch(call, batch: int, n: int) -> list:
+    """``call`` (any nesting of tuples, lists and dicts, e.g. ``(args, kwargs)``) as ``n``
+    parts: every tensor whose dimension 0 is the batch of ``batch`` cut along it into ``n``
+    contiguous chunks, everything else shared by the parts."""
+    leaves, spec = tree_flatten(call)
+    parts = [[c.contiguous() for c in t.chunk(n, dim=0)]
+             if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch else [t] * n for t in leaves]
+    return [tree_unflatten([p[k] for p in parts], spec) for k in range(n)]
 
 
 def checkpoint_forward(module: nn.Module, policy: str = "full") -> None:

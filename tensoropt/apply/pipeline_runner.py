@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..capture.inputs import bind_call, forward_signature, loss_of
 from ..pipeline import sub_graph
 from ..plan import Plan
-from .layout import PlanNotApplicable, capture_for_plan, plan_layout
+from .layout import PlanNotApplicable, capture_for_plan, plan_layout, split_batch
 from .meshes import device_mesh
 from .process_group import current_world_size, ensure_process_group
 from .runner import ProgramRunner, is_skipped
@@ -134,17 +134,11 @@ class PipelineRunner:
 
     def _micro_batches(self, args, kwargs) -> list[list]:
         args, kwargs = bind_call(self.signature, self._call, (args, kwargs))
-        leaves, _ = tree_flatten((args, kwargs))
         m, batch = self.microbatches, self._batch
-        chunks = []
-        for t in leaves:
-            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch:
-                chunks.append(t.chunk(m, dim=0))
-            elif isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch // m:
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] != batch and t.shape[0] == batch // m:
                 raise ValueError(f"pass the whole batch of {batch} to step(), not one micro-batch")
-            else:
-                chunks.append((t,) * m)
-        return [[c[k] for c in chunks] for k in range(m)]
+        return [tree_flatten(part)[0] for part in split_batch((args, kwargs), batch, m)]
 
     def step(self, *args, **kwargs) -> torch.Tensor:
         self.stage_module.inputs.extend(self._micro_batches(args, kwargs))
