@@ -76,3 +76,16 @@ def test_the_checkpoint_recomputes_the_linears_the_cost_model_does(policy):
     # operator saves its output (the cost model still charges its second forward: noted)
     assert again == len([i for i in linears[:-1] if i not in kept])
     assert again == (len(linears) - 1 if policy == "full" else len(linears) // 2)
+
+
+def test_a_plan_naming_an_unknown_policy_is_refused_before_it_is_laid_out():
+    import dataclasses
+
+    import tensoropt
+    from tensoropt.apply.layout import plan_layout
+    from tensoropt.models import get_model
+
+    plan = tensoropt.plan_for("gpt-tiny", "cpu:2", dp=2, recompute="op")
+    assert plan_layout(plan, get_model("gpt-tiny")).plan.recompute_policy == "op"
+    with pytest.raises(ValueError, match="unknown recomputation policy 'selective'"):
+        plan_layout(dataclasses.replace(plan, recompute_policy="selective"), get_model("gpt-tiny"))

@@ -32,6 +32,7 @@ from ..execution import aten_base, batch_statistics_axes, data_axes, runs_replic
 from ..opgraph import OpGraph
 from ..placement import REPLICATE, Placement, Shard
 from ..plan import Plan
+from ..recompute import check as check_policy
 from .checkpointing import checkpoint_context
 from ..strategy import OpConfig, contracted_labels, output_placements, term_placements
 from ..traffic import grad_partial
@@ -183,6 +184,7 @@ def plan_layout(plan: Plan, model: nn.Module, inputs: Any = None, captured=None)
                             batch_statistics_axes(op, cfg)))
     dp_axes = data_axes(graph, cfgs, plan.mesh_shape)
     mode = "replicate" if runs_replicated(graph, cfgs, plan.mesh_shape) else "dtensor"
+    check_policy(getattr(plan, "recompute_policy", "full"))
     for fqn in tuple(getattr(plan, "recompute", ()) or ()):
         try:
             model.get_submodule(fqn)
