@@ -179,10 +179,32 @@ def _eliminate(scopes, tables, sizes, keep: frozenset[int]) -> list[tuple[tuple[
     for step in plan.steps:
         parts = [factors.pop(i) for i in step.factors]
         scope = tuple(sorted({u for s, _ in parts for u in s}))
-        total = sum(_align(t, s, scope, sizes) for s, t in parts)
+        aligned = [_align(t, s, scope, sizes) for s, t in parts]
         axis = scope.index(step.node)
-        factors[step.result] = (scope[:axis] + scope[axis + 1:], total.min(axis=axis))
+        factors[step.result] = (scope[:axis] + scope[axis + 1:], _sum_min(aligned, scope, axis, sizes))
     return [factors[i] for i in plan.leftover]
+
+
+# joint tables above this many cells are minimised one configuration of the folded node at a
+# time (a table of the rest per step) rather than materialised whole: same result, less memory
+_LOOP_CELLS = 1 << 16
+
+
+def _sum_min(aligned: list[np.ndarray], scope: tuple[int, ...], axis: int, sizes) -> np.ndarray:
+    """min over ``axis`` of the sum of ``aligned`` (broadcastable over ``scope``, then weights)."""
+    n_w = aligned[0].shape[-1]
+    cells = int(np.prod([sizes[v] for v in scope], dtype=np.int64)) * n_w
+    if cells <= _LOOP_CELLS:
+        return sum(aligned).min(axis=axis)
+    rest = tuple(sizes[v] for i, v in enumerate(scope) if i != axis) + (n_w,)
+    best = np.full(rest, np.inf)
+    acc = np.empty(rest)
+    for k in range(sizes[scope[axis]]):
+        acc.fill(0.0)
+        for t in aligned:
+            acc += t[(slice(None),) * axis + (min(k, t.shape[axis] - 1),)]
+        np.minimum(best, acc, out=best)
+    return best
 
 
 def _joint(factors, scope: tuple[int, ...], sizes, n_w: int) -> np.ndarray:
