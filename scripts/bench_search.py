@@ -82,7 +82,10 @@ def target_model(name: str):
 
 
 def run_target(model: str, devices: str, settings: dict, time_limit_s: float, memory_limit: str = TARGET_MEMORY) -> dict:
-    """One target row in a fresh process: its peak RSS is the search's own (model included)."""
+    """One target row in a fresh process: its peak RSS is the search's own (model included);
+    with worker processes, ``worker_peak_rss_bytes`` is the largest worker's (pages it shares
+    with the parent counted) and ``pool_peak_resident_bytes`` what parent and workers held
+    together at the search's memory checks (``search_pool``)."""
     import subprocess
 
     code = ("import json, resource, sys, time, tensoropt\n"
@@ -96,11 +99,13 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float, me
             "    r = {'plans': len(f), 'jobs': f.stats['jobs'], 'skipped': f.stats['skipped'],"
             " 'peak_search': f.stats['peak_search'], 'min_time': [f.min_time().time_s, f.min_time().summary],"
             " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary],"
-            " 'search_space': f.stats['search_space']}\n"
+            " 'search_space': f.stats['search_space'], 'workers': f.stats['workers'],"
+            " 'pool_peak_resident_bytes': f.stats.get('peak_resident_bytes')}\n"
             "except Exception as err:\n"
             "    r = {'error': f'{type(err).__name__}: {err}'}\n"
             "r['search_s'] = time.monotonic() - t0\n"
             "r['peak_rss_bytes'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+            "r['worker_peak_rss_bytes'] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
             "print('RESULT', json.dumps(r))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -31,6 +31,8 @@ def _frontier_parser(sub) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="seconds before the search gives up")
     p.add_argument("--memory-limit", default=None, help="resident memory the search may hold, e.g. 8GB "
                                                         "(default: 80%% of what is available)")
+    p.add_argument("--workers", type=int, default=None, help="processes that solve meshes at once "
+                                                            "(default: every CPU this process may use)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--plot", default=None, help="write the frontier plot to this PNG")
     p.add_argument("--out", default=None, help="write the chosen plan (--budget, else the fastest) as JSON")
@@ -56,7 +58,8 @@ def _run_frontier(args) -> int:
                  optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
                  epsilon=args.epsilon,
                  max_mesh_dims=args.max_mesh_dims, recompute_policy=args.recompute_policy,
-                 time_limit_s=args.time_limit, memory_limit=args.memory_limit, progress=False if args.no_progress else None)
+                 time_limit_s=args.time_limit, memory_limit=args.memory_limit, workers=args.workers,
+                 progress=False if args.no_progress else None)
     df = f.to_pandas()
     if args.format == "csv":
         print(df.to_csv(index=False), end="")
@@ -77,7 +80,8 @@ def _run_frontier(args) -> int:
         print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
         if f.stats.get("jobs"):
             print(f"jobs: {f.stats['jobs']} (meshes x ZeRO stages, pipeline shapes), {f.stats['skipped']} skipped: "
-                  "their lower bounds were dominated by plans already found")
+                  "their lower bounds were dominated by plans already found; "
+                  f"{f.stats.get('workers', 1)} worker process(es)")
         searched = f.stats.get("peak_search") or {}
         if searched:
             print("peak searches: " + ", ".join(f"{n} {k}" for k, n in sorted(searched.items()))

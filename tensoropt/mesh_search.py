@@ -50,7 +50,8 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
         memguard.check()
         problems.append(problem)
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
-                        partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at)))
+                        partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at),
+                        chain=f"mesh {mesh}"))
         if bar is not None:
             bar.update(1)
     return problems, jobs

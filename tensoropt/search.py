@@ -74,6 +74,7 @@ def frontier(
     references: bool = True,
     memory_limit: float | str | None = None,
     prune_meshes: bool = True,
+    workers: int | None = None,
 ) -> "Frontier | ScalingFrontier":
     """The Pareto frontier of (per-iteration time, per-device peak memory) over training plans.
 
@@ -102,7 +103,10 @@ def frontier(
     e.g. ``"8GB"``; by default 80 % of what the machine has available: past it the search stops
     with :class:`~tensoropt.engine.memguard.SearchMemoryExceeded`, saying what to change) and
     ``prune_meshes`` (skip a mesh or pipeline shape whose lower bound the frontier found so far
-    already dominates; the frontier is the same, ``stats["skipped"]`` counts them).
+    already dominates; the frontier is the same, ``stats["skipped"]`` counts them) and
+    ``workers`` (processes that solve meshes and pipeline shapes at once, forked where the
+    platform forks; None: every CPU this process may use; the frontier is the same, and the
+    memory limit holds over all of them together).
 
     Memory is the step's peak per device (``Plan.peak_memory_bytes``): what a device holds when
     the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum
@@ -118,7 +122,7 @@ def frontier(
                             epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
                             recompute_policy=check_policy(recompute_policy), pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
-                            memory_limit=memory_limit, prune_meshes=prune_meshes)
+                            memory_limit=memory_limit, prune_meshes=prune_meshes, workers=workers)
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
     scaling = parse_scaling(devices)
@@ -206,7 +210,8 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
         memguard.check()
         if shapes:
             jobs += pipeline_jobs(ctx, recapture, cluster, space, cost_for, options, bar)
-        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes)
+        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes,
+                                     workers=options.worker_count())
     finally:
         if bar is not None:
             bar.close()

@@ -9,7 +9,8 @@ none of its plans could reach the frontier, so the frontier is the one solving e
 would give, found with less work. A job that is solved is handed that frontier too, to
 drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candidates come
 back in the jobs' own order, so ties on the merged frontier go the same way whichever jobs
-ran.
+ran. With ``workers > 1`` the jobs are solved in forked processes (``search_pool``), to the
+same frontier.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .engine.bounds import dominated
 from .engine.pareto import pareto
 from .plan_builder import Candidate
 from .search_options import Deadline
+from .search_pool import can_fork, groups_of, run_parallel
 
 __all__ = ["Bound", "Job", "run_jobs"]
 
@@ -42,12 +44,19 @@ class Job:
     # (time limit, the frontier found so far as (time, peak) points or None) -> its frontier
     # points; it may leave out those the frontier found so far strictly dominates
     solve: Callable[[float | None, np.ndarray | None], list[Candidate]]
+    # jobs of one chain hand state on to each other in order (one worker runs them in turn)
+    chain: str = ""
 
 
-def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) -> tuple[list[Candidate], dict]:
+def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
+             workers: int = 1) -> tuple[list[Candidate], dict]:
     """Every job's candidates, in job order, skipping those the frontier found so far
-    dominates (``prune``); ``bar`` advances once per job. Stats: jobs, skipped."""
+    dominates (``prune``); ``bar`` advances once per job; ``workers > 1``: in that many forked
+    processes where the platform forks. Stats: jobs, skipped, workers."""
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].bound.time_min, jobs[i].bound.memory_min, i))
+    if workers > 1 and can_fork() and len(groups_of(jobs, order)) > 1:
+        results, skipped, pool = run_parallel(jobs, order, deadline, bar, prune, workers)
+        return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, **pool}
     found = np.zeros((0, 2))
     results: list[list[Candidate]] = [[] for _ in jobs]
     skipped = 0
@@ -65,5 +74,5 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True) 
                 found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
         if bar is not None:
             bar.update(1)
-    return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped}
+    return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1}
 

@@ -57,6 +57,16 @@ class SearchOptions:
     #: skip meshes and pipeline shapes whose lower bound the frontier found so far dominates
     #: (``search_jobs``); the frontier is the same either way
     prune_meshes: bool = True
+    #: processes that solve meshes and pipeline shapes at once (``search_pool``; forked, so
+    #: where the platform forks); None: every CPU this process may use. The frontier is the same
+    workers: int | None = None
+
+    def worker_count(self) -> int:
+        from .search_pool import usable_cpus
+
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        return self.workers if self.workers is not None else usable_cpus()
 
     def memory_cap_bytes(self) -> float | None:
         """The cap :func:`engine.memguard.memory_cap` enforces (None where it cannot be read)."""

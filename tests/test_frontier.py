@@ -199,6 +199,15 @@ def test_cli_searches_per_operator_recomputation(capsys):
     assert recomputed and all(":op" in r for r in recomputed)
 
 
+def test_cli_says_how_many_workers_solved(capsys):
+    rc = cli_main(["frontier", "--model", "gpt-tiny", "--devices", "cpu:2", "--workers", "2", "--no-progress"])
+    assert rc == 0
+    assert "2 worker process(es)" in capsys.readouterr().out
+    rc = cli_main(["frontier", "--model", "gpt-tiny", "--devices", "cpu:2", "--workers", "1", "--no-progress"])
+    assert rc == 0
+    assert "1 worker process(es)" in capsys.readouterr().out
+
+
 def test_cli_bad_input_exits_2(capsys):
     assert cli_main(["frontier", "--model", "nope", "--no-progress"]) == 2
     assert "unknown model" in capsys.readouterr().err

@@ -5,6 +5,9 @@ killer.
 :func:`memory_cap` sets the cap for the code it wraps; :func:`check` (called at every chunk
 of every combine) raises :class:`SearchMemoryExceeded` once the process's resident memory is
 past it. Resident memory is read from ``/proc/self/statm``; elsewhere the check is skipped.
+A search split over forked workers (``search_pool``) holds one cap over all of them: each
+worker's :func:`share_cap` counts what the parent held when it forked plus every worker's
+growth since, kept in memory the workers share.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-__all__ = ["SearchMemoryExceeded", "memory_cap", "check", "resident_bytes", "available_bytes"]
+__all__ = ["SearchMemoryExceeded", "memory_cap", "check", "resident_bytes", "available_bytes", "share_cap",
+           "counting"]
 
 
 class SearchMemoryExceeded(MemoryError):
@@ -21,6 +25,7 @@ class SearchMemoryExceeded(MemoryError):
 
 _cap: list[tuple[float, str]] = []          # innermost last: (bytes, what to say when it is passed)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_held = None          # in a worker: () -> the memory held by the parent and all workers together
 
 
 def resident_bytes() -> float | None:
@@ -58,11 +63,45 @@ def memory_cap(limit_bytes: float | None, advice: str = ""):
         _cap.pop()
 
 
+def share_cap(growth, slot: int, parent_bytes: float, peak=None) -> None:
+    """In a forked worker: :func:`check` counts ``parent_bytes`` (the parent's resident memory
+    when it forked) plus the sum of ``growth`` (a shared array of doubles, one per worker),
+    where this worker writes its own growth above its resident memory now at ``slot``;
+    ``peak`` (a shared double), if given, keeps the largest total seen."""
+    global _held
+    base = resident_bytes()
+    if base is None:
+        return
+
+    def held() -> float:
+        rss = resident_bytes()
+        growth[slot] = max(rss - base, 0.0)
+        total = parent_bytes + sum(growth[:])
+        if peak is not None and total > peak.value:
+            peak.value = total
+        return total
+    _held = held
+
+
+@contextmanager
+def counting(held):
+    """Within the block, :func:`check` compares ``held()`` (bytes) with the cap, not this
+    process's resident memory alone (the parent of forked workers counts theirs too)."""
+    global _held
+    before, _held = _held, held
+    try:
+        yield
+    finally:
+        _held = before
+
+
 def check() -> None:
     if not _cap:
+        if _held is not None:
+            _held()
         return
     limit, advice = _cap[-1]
-    rss = resident_bytes()
+    rss = _held() if _held is not None else resident_bytes()
     if rss is not None and rss > limit:
         raise SearchMemoryExceeded(
             f"the search holds {rss / 2**30:.2f} GiB, past its memory cap of {limit / 2**30:.2f} GiB"

@@ -1,0 +1,184 @@
+"""A search's jobs solved in forked worker processes (``SearchOptions.workers``).
+
+Workers are forked after every job is built, so each has the jobs and all they refer to
+without pickling them; a worker sends back only what it found. Objects that existed before
+the fork travel as references (pickle's ``persistent_id``): a candidate's plan builder comes
+back pointing at the parent's own problem and graph, not at a copy of them.
+
+Jobs that share state in order (the ZeRO stages of one mesh hand on which peak search they
+needed: ``Job.chain``) run in one worker, in the order the serial search runs them. The
+parent hands each group the frontier found so far, so a group skips what it dominates as the
+serial search would; skipping never changes the frontier (``search_jobs``). One memory cap
+holds over the parent and every worker (``memguard.share_cap``).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import pickle
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from functools import partial
+
+import numpy as np
+
+from .engine import memguard
+from .engine.bounds import dominated
+from .engine.pareto import pareto
+
+__all__ = ["usable_cpus", "can_fork", "run_parallel"]
+
+_PRIMITIVE = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic)
+_STATE: dict = {}            # set in the parent just before the workers fork; they read it
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def can_fork() -> bool:
+    return "fork" in mp.get_all_start_methods()
+
+
+def _references(jobs) -> dict[int, object]:
+    """The objects the jobs' solvers hold (their arguments, and the items of argument lists
+    and tuples, three levels down), by ``id``: what results may refer to without a copy."""
+    refs: dict[int, object] = {}
+
+    def walk(x, depth: int) -> None:
+        if isinstance(x, _PRIMITIVE) or isinstance(x, dict):
+            return
+        if isinstance(x, (list, tuple)):
+            for y in (x if depth > 0 else ()):
+                walk(y, depth - 1)
+            return
+        refs[id(x)] = x
+    for job in jobs:
+        solve = job.solve
+        args = (*solve.args, *solve.keywords.values()) if isinstance(solve, partial) else (solve,)
+        for a in args:
+            walk(a, 3)
+    return refs
+
+
+def _counters(refs: dict[int, object]) -> dict[int, Counter]:
+    """Counters the solvers fill as they run (``PlanContext.peak_searches``), by ``id``."""
+    out = {}
+    for obj in refs.values():
+        c = getattr(obj, "peak_searches", None)
+        if isinstance(c, Counter):
+            out[id(c)] = c
+    return out
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return id(obj) if id(obj) in _STATE["refs"] and not isinstance(obj, _PRIMITIVE) else None
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        return _STATE["refs"][pid]
+
+
+def _start_worker(growth, next_slot, parent_bytes: float, peak) -> None:
+    with next_slot.get_lock():
+        slot = next_slot.value
+        next_slot.value += 1
+    memguard.share_cap(growth, slot, parent_bytes, peak)
+
+
+def _solve_group(indices: list[int], found: np.ndarray) -> bytes:
+    """Run one group's jobs in order (in a worker); their candidates (None: skipped) and how
+    much each counter grew, pickled with references to what the parent holds."""
+    jobs, deadline, prune = _STATE["jobs"], _STATE["deadline"], _STATE["prune"]
+    counters = _STATE["counters"]
+    before = {k: Counter(c) for k, c in counters.items()}
+    out: dict[int, list | None] = {}
+    for i in indices:
+        job = jobs[i]
+        memguard.check()
+        if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
+            out[i] = None
+            continue
+        with deadline.solving(job.label):
+            out[i] = job.solve(deadline.remaining_s(), found if prune else None)
+        if out[i]:
+            found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in out[i]]]))
+    grown = {k: c - before[k] for k, c in counters.items()}
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, grown))
+    return buf.getvalue()
+
+
+def groups_of(jobs, order: list[int]) -> list[list[int]]:
+    """Jobs grouped by ``Job.chain`` (a job without one is its own group), each group in
+    ``order`` and the groups in the order of their first job."""
+    groups: dict[object, list[int]] = {}
+    for i in order:
+        groups.setdefault(jobs[i].chain or ("job", i), []).append(i)
+    return list(groups.values())
+
+
+def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: int) -> tuple[list, int, dict]:
+    """Per job its candidates (or [] where skipped), how many were skipped, and stats of the
+    pool: workers and the most memory parent and workers held together at any check."""
+    groups = groups_of(jobs, order)
+    workers = max(1, min(workers, len(groups)))
+    refs = _references(jobs)
+    counters = _counters(refs)
+    parent_bytes = memguard.resident_bytes() or 0.0
+    growth = mp.get_context("fork").RawArray("d", workers)
+    next_slot = mp.get_context("fork").Value("i", 0)
+    peak = mp.get_context("fork").RawValue("d", parent_bytes)
+    _STATE.update(jobs=jobs, deadline=deadline, prune=prune, refs=refs, counters=counters)
+
+    def held() -> float:
+        total = (memguard.resident_bytes() or 0.0) + sum(growth[:])
+        peak.value = max(peak.value, total)
+        return total
+
+    results: list[list] = [[] for _ in jobs]
+    skipped = 0
+    found = np.zeros((0, 2))
+    pending: dict = {}
+    queue = list(groups)
+    try:
+        with memguard.counting(held), ProcessPoolExecutor(
+                workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
+                initargs=(growth, next_slot, parent_bytes, peak)) as pool:
+            try:
+                while queue or pending:
+                    while queue and len(pending) < workers:
+                        group = queue.pop(0)
+                        pending[pool.submit(_solve_group, group, found)] = group
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        group = pending.pop(fut)
+                        out, grown = _Unpickler(io.BytesIO(fut.result())).load()
+                        for k, delta in grown.items():
+                            counters[k].update(delta)
+                        for i, cands in out.items():
+                            if cands is None:
+                                skipped += 1
+                            else:
+                                results[i] = cands
+                                if cands:
+                                    found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in cands]]))
+                        if bar is not None:
+                            bar.update(len(group))
+                    memguard.check()
+            except BaseException:
+                # a worker's error (a time limit, the memory cap) ends the search: stop the rest
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    finally:
+        _STATE.clear()
+    return results, skipped, {"workers": workers, "peak_resident_bytes": float(peak.value)}

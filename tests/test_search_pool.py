@@ -1,0 +1,123 @@
+"""A search's jobs solved in forked worker processes (``tensoropt.search_pool``): the same
+frontier as one process, results that refer to the parent's own objects, one memory cap over
+parent and workers, and a worker's error ending the search."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+
+from tensoropt.engine import SolveTimeout, memguard
+from tensoropt.engine.bounds import LowerBound
+from tensoropt.engine.memguard import SearchMemoryExceeded
+from tensoropt.plan_builder import Candidate
+from tensoropt.search_jobs import Job, run_jobs
+from tensoropt.search_options import Deadline
+from tensoropt.search_pool import can_fork, groups_of
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="worker processes are forked")
+
+
+def _bound(t: float, m: float) -> LowerBound:
+    return LowerBound(np.array([[1.0, 0.0, t], [0.0, 1.0, m]]), t, m)
+
+
+class Problem:
+    """Stands for a mesh problem: what a candidate's plan builder refers to."""
+    def __init__(self, name):
+        self.name = name
+
+
+def _plan(problem, k):
+    return (problem.name, k)
+
+
+def _points(problem, points, limit, ceiling):
+    return [Candidate(t, m, m, partial(_plan, problem, k)) for k, (t, m) in enumerate(points)]
+
+
+def test_candidates_come_back_referring_to_the_parents_objects():
+    problems = [Problem("a"), Problem("b"), Problem("c")]
+    points = [[(3.0, 1.0)], [(1.0, 5.0), (2.0, 2.0)], [(2.5, 7.0)]]
+    jobs = [Job(p.name, _bound(*pts[0]), partial(_points, p, pts)) for p, pts in zip(problems, points)]
+    serial, s_stats = run_jobs(jobs, Deadline(None, "test"), prune=False)
+    out, stats = run_jobs(jobs, Deadline(None, "test"), prune=False, workers=2)
+    assert stats["workers"] == 2 and s_stats["workers"] == 1
+    assert [(c.time_s, c.peak_bytes) for c in out] == [(c.time_s, c.peak_bytes) for c in serial]
+    # the builder holds the parent's problem, not a copy made in the worker
+    assert [c.build.args[0] for c in out] == [problems[0], problems[1], problems[1], problems[2]]
+    assert all(c.build.args[0] is p for c, p in zip(out, [problems[0], problems[1], problems[1], problems[2]]))
+    assert [c.build() for c in out] == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
+
+
+def test_jobs_of_one_chain_stay_together_in_order():
+    jobs = [Job(str(i), _bound(1.0, 1.0), lambda *a: [], chain=c) for i, c in enumerate(["x", "", "x", "y", ""])]
+    assert groups_of(jobs, [4, 2, 1, 0, 3]) == [[4], [2, 0], [1], [3]]
+
+
+def _hold(barrier, nbytes: int, limit, ceiling):
+    block = np.ones(nbytes // 8)          # touched: resident
+    barrier.wait(timeout=60)
+    memguard.check()
+    barrier.wait(timeout=60)               # both checked while both hold their block
+    return [Candidate(1.0, float(block[0]), 1.0, partial(_plan, Problem("held"), 0))]
+
+
+def test_one_memory_cap_holds_over_every_worker():
+    """Two workers each growing by 150 MB pass a cap 200 MB above the parent together, though
+    either alone is within it."""
+    barrier = mp.get_context("fork").Barrier(2)
+    jobs = [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20)) for i in range(2)]
+    cap = memguard.resident_bytes() + 200 * 2**20
+    with memguard.memory_cap(cap, "lower it"):
+        with pytest.raises(SearchMemoryExceeded, match="past its memory cap") as err:
+            run_jobs(jobs, Deadline(None, "test"), prune=False, workers=2)
+    assert "while solving hold" in str(err.value)
+    # within a cap 400 MB above the parent they finish: pages a worker shares with the parent
+    # (a few hundred MB here) are not counted again
+    barrier = mp.get_context("fork").Barrier(2)
+    jobs = [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20)) for i in range(2)]
+    with memguard.memory_cap(memguard.resident_bytes() + 400 * 2**20, "lower it"):
+        out, stats = run_jobs(jobs, Deadline(None, "test"), prune=False, workers=2)
+    assert len(out) == 2 and stats["peak_resident_bytes"] > cap - 200 * 2**20 + 250 * 2**20
+
+
+def _times_out(limit, ceiling):
+    raise SolveTimeout("time limit reached during a combine")
+
+
+def _sleeps(limit, ceiling):
+    time.sleep(60)
+    return []
+
+
+def test_a_workers_error_ends_the_search_and_stops_the_others():
+    jobs = [Job("slow", _bound(1.0, 1.0), _sleeps), Job("late", _bound(2.0, 1.0), _times_out)]
+    start = time.monotonic()
+    with pytest.raises(SolveTimeout, match="while solving late"):
+        run_jobs(jobs, Deadline(5.0, "the test model"), prune=False, workers=2)
+    assert time.monotonic() - start < 30
+
+
+def test_workers_find_the_frontier_one_process_finds():
+    import tensoropt
+
+    kw = dict(batch_size=16, max_mesh_dims=2, progress=False, references=False)
+    one = tensoropt.frontier("gpt-tiny", "8xA100-80GB", workers=1, **kw)
+    two = tensoropt.frontier("gpt-tiny", "8xA100-80GB", workers=2, **kw)
+    assert one.stats["workers"] == 1 and two.stats["workers"] == 2
+    assert two.stats["peak_search"] == one.stats["peak_search"]
+    assert any(p.stages for p in one.plans) and len(one.plans) == len(two.plans)
+    for p, q in zip(one.plans, two.plans):
+        assert p.to_dict() == q.to_dict()
+
+
+def test_workers_must_be_positive():
+    import tensoropt
+
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        tensoropt.frontier("gpt-tiny", "2xA100-80GB", workers=0, progress=False)
