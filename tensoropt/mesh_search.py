@@ -26,16 +26,19 @@ from .search_jobs import Job
 from .search_options import SearchOptions
 from .space import SearchSpace
 
-__all__ = ["mesh_cases", "mesh_jobs", "show_progress"]
+__all__ = ["mesh_cases", "mesh_jobs", "mesh_jobs_on", "show_progress"]
 
 
 def show_progress(progress: bool | None) -> bool:
     return progress if progress is not None else sys.stderr.isatty()
 
 
+def zero_stages(mesh: Mesh, options: SearchOptions) -> tuple[int, ...]:
+    return (0, 2, 3) if options.zero and mesh.size > 1 else (0,)
+
+
 def mesh_cases(cluster: Cluster, space: SearchSpace, options: SearchOptions) -> list[tuple[Mesh, int]]:
-    return [(mesh, z) for mesh in space.meshes(cluster)
-            for z in ((0, 2, 3) if options.zero and mesh.size > 1 else (0,))]
+    return [(mesh, z) for mesh in space.meshes(cluster) for z in zero_stages(mesh, options)]
 
 
 def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
@@ -43,8 +46,23 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
     """The cost graph of every (mesh, ZeRO stage), and its job; ``bar`` advances per job built."""
     problems: list[MeshProblem] = []
     jobs: list[Job] = []
-    start_at: dict[str, str] = {}          # per mesh: the search its last solved ZeRO stage needed
-    for mesh, z in mesh_cases(cluster, space, options):
+    for mesh in space.meshes(cluster):
+        p, j = mesh_jobs_on(ctx, cluster, space, cost_for, options, mesh)
+        problems += p
+        jobs += j
+        if bar is not None:
+            bar.update(len(j))
+    return problems, jobs
+
+
+def mesh_jobs_on(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
+                 options: SearchOptions, mesh: Mesh) -> tuple[list[MeshProblem], list[Job]]:
+    """The cost graph and job of each ZeRO stage on one mesh (they share which peak search
+    the last one solved needed: one chain)."""
+    problems: list[MeshProblem] = []
+    jobs: list[Job] = []
+    start_at: dict[str, str] = {}          # the search its last solved ZeRO stage needed
+    for z in zero_stages(mesh, options):
         problem = build_problem(ctx.graph, mesh, cost_for(mesh), zero_stage=z, recompute=options.recompute,
                                 recompute_policy=options.recompute_policy, batch_only_axes=space.batch_only_axes(mesh, cluster))
         memguard.check()
@@ -52,8 +70,6 @@ def mesh_jobs(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: 
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
                         partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at),
                         chain=f"mesh {mesh}"))
-        if bar is not None:
-            bar.update(1)
     return problems, jobs
 
 

@@ -43,7 +43,7 @@ from .search_options import SearchOptions
 from .space import SearchSpace
 
 __all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
-           "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "StagesBound", "Candidate",
+           "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate",
            "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster", "pipeline_plan_of"]
 
 
@@ -204,11 +204,18 @@ def pipeline_jobs(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster
     for p, m, mesh in pipeline_shapes(graph, cluster, space):
         mb_ctx = replace(ctx, graph=recapture(graph.batch_size // m))
         memguard.check()
-        jobs.append(_stage_job(mb_ctx, cluster, p, m, mesh, cost_for(mesh), space, options.recompute,
-                                options.recompute_policy))
+        jobs.append(pipeline_job(mb_ctx, cluster, space, cost_for, options, p, m, mesh))
         if bar is not None:
             bar.update(1)
     return jobs
+
+
+def pipeline_job(mb_ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_for: Callable[[Mesh], CostModel],
+                 options: SearchOptions, stages: int, microbatches: int, mesh: Mesh) -> Job:
+    """The job of one :func:`pipeline_shapes` entry (``mb_ctx.graph``: the model at the
+    micro-batch size)."""
+    return _stage_job(mb_ctx, cluster, stages, microbatches, mesh, cost_for(mesh), space, options.recompute,
+                      options.recompute_policy)
 
 
 def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: int,

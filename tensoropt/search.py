@@ -21,6 +21,8 @@ priced with them, so the frontier is exact for the calibrated model.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from functools import partial
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,9 +36,9 @@ from .frontiers import Frontier
 from .mesh import Cluster, parse_devices
 from .engine import memguard
 from .engine.memguard import memory_cap
-from .mesh_search import mesh_cases, mesh_jobs, show_progress
+from .mesh_search import mesh_cases, mesh_jobs, mesh_jobs_on, show_progress
 from .opgraph import OpGraph
-from .pipeline import pipeline_jobs, pipeline_shapes
+from .pipeline import pipeline_job, pipeline_jobs, pipeline_shapes
 from .plan import Plan
 from .plan_builder import PlanContext
 from .recompute import check as check_policy
@@ -44,6 +46,7 @@ from .pricing import cost_models
 from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .search_jobs import run_jobs
+from .search_pool import can_fork, fork_map
 from .search_options import MEMORY_ADVICE, Deadline, SearchOptions
 from .setups import Setup, setup_plan
 from .space import SearchSpace
@@ -206,16 +209,47 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
     try:
         if bar is not None:
             bar.set_postfix_str("bounding")
-        problems, jobs = mesh_jobs(ctx, cluster, space, cost_for, options, bar)
-        memguard.check()
-        if shapes:
-            jobs += pipeline_jobs(ctx, recapture, cluster, space, cost_for, options, bar)
-        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes,
-                                     workers=options.worker_count())
+        workers = options.worker_count()
+        if workers > 1 and can_fork() and n_jobs > 1:
+            problems, jobs = _built_in_workers(ctx, recapture, cluster, space, cost_for, options, shapes, workers,
+                                               bar)
+        else:
+            problems, jobs = mesh_jobs(ctx, cluster, space, cost_for, options, bar)
+            memguard.check()
+            if shapes:
+                jobs += pipeline_jobs(ctx, recapture, cluster, space, cost_for, options, bar)
+        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes, workers=workers)
     finally:
         if bar is not None:
             bar.close()
     return problems, candidates, stats
+
+
+def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace,
+                      cost_for, options: SearchOptions, shapes, workers: int, bar):
+    """What ``mesh_jobs`` and ``pipeline_jobs`` build, in the same order, built in forked
+    workers (``search_pool.fork_map``); the model at each micro-batch size is captured here
+    first (capture runs torch, which stays in this process)."""
+    mb_ctx = {}
+    for _, m, _ in shapes:
+        if m not in mb_ctx:
+            mb_ctx[m] = replace(ctx, graph=recapture(ctx.graph.batch_size // m))
+    memguard.check()
+    calls = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
+    calls += [partial(pipeline_job, mb_ctx[m], cluster, space, cost_for, options, p, m, mesh) for p, m, mesh in shapes]
+
+    def done(result) -> None:
+        if bar is not None:
+            bar.update(len(result[1]) if isinstance(result, tuple) else 1)
+    built = fork_map(calls, workers, done)
+    problems, jobs = [], []
+    for result in built:
+        if isinstance(result, tuple):
+            problems += result[0]
+            jobs += result[1]
+        else:
+            jobs.append(result)
+    return problems, jobs
 
 
 def unpriced_ops(graph: OpGraph) -> list[dict]:

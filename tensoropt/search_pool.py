@@ -1,7 +1,9 @@
-"""A search's jobs solved in forked worker processes (``SearchOptions.workers``).
+"""A search's jobs built and solved in forked worker processes (``SearchOptions.workers``).
 
-Workers are forked after every job is built, so each has the jobs and all they refer to
-without pickling them; a worker sends back only what it found. Objects that existed before
+:func:`fork_map` builds the jobs (cost graphs and their bounds) in workers and sends them
+back; :func:`run_parallel` solves them. Its workers are forked after every job is built, so
+each has the jobs and all they refer to without pickling them; a worker sends back only what
+it found. Objects that existed before
 the fork travel as references (pickle's ``persistent_id``): a candidate's plan builder comes
 back pointing at the parent's own problem and graph, not at a copy of them.
 
@@ -14,6 +16,7 @@ holds over the parent and every worker (``memguard.share_cap``).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import multiprocessing as mp
 import os
@@ -28,7 +31,7 @@ from .engine import memguard
 from .engine.bounds import dominated
 from .engine.pareto import pareto
 
-__all__ = ["usable_cpus", "can_fork", "run_parallel"]
+__all__ = ["usable_cpus", "can_fork", "fork_map", "run_parallel"]
 
 _PRIMITIVE = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic)
 _STATE: dict = {}            # set in the parent just before the workers fork; they read it
@@ -48,21 +51,29 @@ def can_fork() -> bool:
 def _references(jobs) -> dict[int, object]:
     """The objects the jobs' solvers hold (their arguments, and the items of argument lists
     and tuples, three levels down), by ``id``: what results may refer to without a copy."""
+    return _references_of([job.solve for job in jobs])
+
+
+def _references_of(calls) -> dict[int, object]:
+    """The same for calls: their arguments, the items of lists and tuples and the fields of
+    dataclasses among them (a context's graph, the graph's operators), a few levels down."""
     refs: dict[int, object] = {}
 
     def walk(x, depth: int) -> None:
-        if isinstance(x, _PRIMITIVE) or isinstance(x, dict):
+        if isinstance(x, _PRIMITIVE) or isinstance(x, dict) or id(x) in refs:
             return
         if isinstance(x, (list, tuple)):
             for y in (x if depth > 0 else ()):
                 walk(y, depth - 1)
             return
         refs[id(x)] = x
-    for job in jobs:
-        solve = job.solve
-        args = (*solve.args, *solve.keywords.values()) if isinstance(solve, partial) else (solve,)
+        if depth > 0 and dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name, None), depth - 1)
+    for call in calls:
+        args = (*call.args, *call.keywords.values()) if isinstance(call, partial) else (call,)
         for a in args:
-            walk(a, 3)
+            walk(a, 4)
     return refs
 
 
@@ -114,6 +125,53 @@ def _solve_group(indices: list[int], found: np.ndarray) -> bytes:
     buf = io.BytesIO()
     _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, grown))
     return buf.getvalue()
+
+
+def _call(i: int) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(_STATE["calls"][i]())
+    return buf.getvalue()
+
+
+def fork_map(calls: list, workers: int, done=None) -> list:
+    """``[call() for call in calls]`` in forked workers, in order; results refer to what the
+    calls' arguments held before the fork (not copies). ``done(result)`` runs in the parent
+    as each result arrives."""
+    workers = max(1, min(workers, len(calls)))
+    refs = _references_of(calls)
+    parent_bytes = memguard.resident_bytes() or 0.0
+    fork = mp.get_context("fork")
+    growth, next_slot = fork.RawArray("d", workers), fork.Value("i", 0)
+    _STATE.update(calls=calls, refs=refs)
+    out: list = [None] * len(calls)
+    try:
+        with memguard.counting(lambda: (memguard.resident_bytes() or 0.0) + sum(growth[:])), \
+                ProcessPoolExecutor(workers, mp_context=fork, initializer=_start_worker,
+                                    initargs=(growth, next_slot, parent_bytes, None)) as pool:
+            futures = {pool.submit(_call, i): i for i in range(len(calls))}
+            try:
+                pending = set(futures)
+                while pending:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        i = futures[fut]
+                        out[i] = _Unpickler(io.BytesIO(fut.result())).load()
+                        if done is not None:
+                            done(out[i])
+                    memguard.check()
+            except BaseException:
+                _stop(pool)
+                raise
+    finally:
+        _STATE.clear()
+    return out
+
+
+def _stop(pool) -> None:
+    """End a pool at once: a worker's error (a time limit, the memory cap) ends the search."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def groups_of(jobs, order: list[int]) -> list[list[int]]:
@@ -174,10 +232,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                             bar.update(len(group))
                     memguard.check()
             except BaseException:
-                # a worker's error (a time limit, the memory cap) ends the search: stop the rest
-                for proc in list(getattr(pool, "_processes", {}).values()):
-                    proc.terminate()
-                pool.shutdown(wait=False, cancel_futures=True)
+                _stop(pool)
                 raise
     finally:
         _STATE.clear()
