@@ -258,6 +258,20 @@ def _key(row: dict) -> tuple:
     return row["model"], row["devices"], json.dumps(row["settings"], sort_keys=True), row.get("memory_limit")
 
 
+def _commit() -> str | None:
+    """The checked-out commit (with "+changes" where the tree differs from it), None outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
 def _write(out: Path, results: list, targets: list) -> None:
     import numpy
     import torch
@@ -268,6 +282,7 @@ def _write(out: Path, results: list, targets: list) -> None:
                     "torch": torch.__version__, "numpy": numpy.__version__},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python scripts/bench_search.py",
+        "commit": _commit(),
         "results": results,
         "targets": targets,
     }
