@@ -230,7 +230,8 @@ def main(argv=None) -> int:
             if args.only and model not in args.only.split(","):
                 continue
             print(f"{model} on {devices} {settings} ...", flush=True)
-            r = {**run_target(model, devices, settings, args.time_limit, args.memory_limit), "target_s": target_s}
+            r = {**run_target(model, devices, settings, args.time_limit, args.memory_limit), "target_s": target_s,
+                 "commit": _commit()}
             print(json.dumps(r), flush=True)
             rows.append(r)
             done = {_key(x) for x in rows}
@@ -248,6 +249,7 @@ def main(argv=None) -> int:
             r = run_case(model, devices, settings, args.time_limit, baseline=not args.no_baseline)
         except Exception as err:                      # recorded, not hidden
             r = {"model": model, "devices": devices, "settings": settings, "error": f"{type(err).__name__}: {err}"}
+        r["commit"] = _commit()
         print(json.dumps(r, indent=1)[:2000], flush=True)
         results.append(r)
         _write(out, results, json.loads(out.read_text()).get("targets", []) if out.exists() else [])
@@ -282,7 +284,6 @@ def _write(out: Path, results: list, targets: list) -> None:
                     "torch": torch.__version__, "numpy": numpy.__version__},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python scripts/bench_search.py",
-        "commit": _commit(),
         "results": results,
         "targets": targets,
     }
