@@ -261,14 +261,15 @@ def _key(row: dict) -> tuple:
 
 
 def _commit() -> str | None:
-    """The checked-out commit (with "+changes" where the tree differs from it), None outside git."""
+    """The checked-out commit (with "+changes" where the code, ``tensoropt/`` or ``scripts/``,
+    differs from it; the data this script writes does not count), None outside git."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "tensoropt", "scripts"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if dirty else "")
