@@ -107,9 +107,9 @@ def frontier(
     with :class:`~tensoropt.engine.memguard.SearchMemoryExceeded`, saying what to change) and
     ``prune_meshes`` (skip a mesh or pipeline shape whose lower bound the frontier found so far
     already dominates; the frontier is the same, ``stats["skipped"]`` counts them) and
-    ``workers`` (processes that solve meshes and pipeline shapes at once, forked where the
-    platform forks; None: every CPU this process may use; the frontier is the same, and the
-    memory limit holds over all of them together).
+    ``workers`` (processes that build and solve meshes and pipeline shapes at once, forked on
+    Linux, one process elsewhere; None: every CPU this process may use; the frontier is the
+    same, and the memory limit holds over all of them together).
 
     Memory is the step's peak per device (``Plan.peak_memory_bytes``): what a device holds when
     the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum

@@ -57,8 +57,8 @@ class SearchOptions:
     #: skip meshes and pipeline shapes whose lower bound the frontier found so far dominates
     #: (``search_jobs``); the frontier is the same either way
     prune_meshes: bool = True
-    #: processes that solve meshes and pipeline shapes at once (``search_pool``; forked, so
-    #: where the platform forks); None: every CPU this process may use. The frontier is the same
+    #: processes that build and solve meshes and pipeline shapes at once (``search_pool``;
+    #: forked, so on Linux only); None: every CPU this process may use. The frontier is the same
     workers: int | None = None
 
     def worker_count(self) -> int:

@@ -21,6 +21,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import sys
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from functools import partial
@@ -45,7 +46,9 @@ def usable_cpus() -> int:
 
 
 def can_fork() -> bool:
-    return "fork" in mp.get_all_start_methods()
+    """Whether workers may be forked: on Linux (macOS forks, but a forked child of a process
+    that has used its system frameworks may crash, which is why Python spawns there)."""
+    return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods()
 
 
 def _references(jobs) -> dict[int, object]:
