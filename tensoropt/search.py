@@ -47,7 +47,7 @@ from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .search_jobs import run_jobs
 from .search_pool import can_fork, fork_map
-from .search_options import MEMORY_ADVICE, Deadline, SearchOptions
+from .search_options import MEMORY_ADVICE, WORKERS_ADVICE, Deadline, SearchOptions
 from .setups import Setup, setup_plan
 from .space import SearchSpace
 from .training import TrainingConfig
@@ -180,7 +180,8 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
     ctx = PlanContext(graph, training, signature, options.epsilon, label, fixed_s=terms.fixed_s)
 
-    with memory_cap(options.memory_cap_bytes(), MEMORY_ADVICE):
+    advice = MEMORY_ADVICE + (" " + WORKERS_ADVICE if options.worker_count() > 1 else "")
+    with memory_cap(options.memory_cap_bytes(), advice):
         problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, deadline)
     # one frontier over the step's peak: each candidate's, as its plan will state it
     pts = np.array([(c.time_s, c.peak_bytes) for c in candidates])
