@@ -58,8 +58,9 @@ def _references(jobs) -> dict[int, object]:
 
 
 def _references_of(calls) -> dict[int, object]:
-    """The same for calls: their arguments, the items of lists and tuples and the fields of
-    dataclasses among them (a context's graph, the graph's operators), a few levels down."""
+    """The same for calls: the arguments of partials, the defaults and closure variables of
+    functions, the items of lists and tuples and the fields of dataclasses among them (a
+    context's graph, the graph's operators), a few levels down."""
     refs: dict[int, object] = {}
 
     def walk(x, depth: int) -> None:
@@ -70,13 +71,22 @@ def _references_of(calls) -> dict[int, object]:
                 walk(y, depth - 1)
             return
         refs[id(x)] = x
-        if depth > 0 and dataclasses.is_dataclass(x) and not isinstance(x, type):
+        if isinstance(x, partial):
+            for y in (x.func, *x.args, *x.keywords.values()):
+                walk(y, depth)
+        elif callable(x) and hasattr(x, "__code__"):
+            for y in (x.__defaults__ or ()):
+                walk(y, depth)
+            for cell in (x.__closure__ or ()):
+                try:
+                    walk(cell.cell_contents, depth)
+                except ValueError:          # an empty cell
+                    pass
+        elif depth > 0 and dataclasses.is_dataclass(x) and not isinstance(x, type):
             for f in dataclasses.fields(x):
                 walk(getattr(x, f.name, None), depth - 1)
     for call in calls:
-        args = (*call.args, *call.keywords.values()) if isinstance(call, partial) else (call,)
-        for a in args:
-            walk(a, 4)
+        walk(call, 4)
     return refs
 
 

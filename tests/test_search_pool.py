@@ -52,6 +52,14 @@ def test_candidates_come_back_referring_to_the_parents_objects():
     assert [c.build.args[0] for c in out] == [problems[0], problems[1], problems[1], problems[2]]
     assert all(c.build.args[0] is p for c, p in zip(out, [problems[0], problems[1], problems[1], problems[2]]))
     assert [c.build() for c in out] == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
+    # a solver that is a closure, not a partial: what it closes over is the parent's too
+    held = Problem("closed")
+
+    def closure(limit, ceiling):
+        return [Candidate(9.0, 9.0, 9.0, partial(_plan, held, 0))]
+    out, _ = run_jobs(jobs + [Job("closure", _bound(9.0, 9.0), closure)], Deadline(None, "test"), prune=False,
+                      workers=2)
+    assert out[-1].build.args[0] is held
 
 
 def test_jobs_of_one_chain_stay_together_in_order():
