@@ -39,7 +39,8 @@ def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
             feats[feature] = 1.0
             continue
         cm = cost_models(cluster, training, profile, CostTerms.unit(term))(mesh)
-        problem = build_problem(graph, mesh, cm, zero_stage=plan.zero_stage, recompute=bool(plan.recompute))
+        problem = build_problem(graph, mesh, cm, zero_stage=plan.zero_stage, recompute=bool(plan.recompute),
+                                recompute_policy=getattr(plan, "recompute_policy", "full") or "full")
         if assignment is None:
             assignment = assignment_of(plan, problem, graph)
         feats[feature] = float(problem.cost_graph.cost(assignment)[0])

@@ -136,6 +136,21 @@ def test_step_features_of_a_frontier_plan():
     assert CostTerms().predict(feats) == pytest.approx(tp.time_s)
 
 
+@pytest.mark.parametrize("policy", ["full", "op"])
+def test_step_features_price_the_plans_recomputation_policy(policy):
+    """A plan's features add up to its own time under its recomputation policy (an "op" plan
+    was re-priced as recomputing everything)."""
+    import tensoropt
+    from tensoropt.capture.recapture import capture_model
+    from tensoropt.models import example_inputs, get_model
+
+    model, inputs = get_model("gpt-tiny"), tuple(example_inputs("gpt-tiny", 8))
+    graph = capture_model(model, inputs, None)[0]
+    plan = tensoropt.plan_for(model, "1xH100", inputs=inputs, recompute=policy)
+    assert plan.recompute and plan.recompute_policy == policy
+    assert CostTerms().predict(step_features(plan, graph)) == pytest.approx(plan.time_s, rel=1e-9)
+
+
 def test_selected_pipeline_plans_are_skipped_with_a_reason():
     from tensoropt.validate.cases import capture_graph, select_plans
 
