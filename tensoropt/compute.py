@@ -9,6 +9,11 @@ matmul reaches only ~18 % (stas00/ml-engineering "MAMF", via shared/reference/co
 Each operator family has its own curve; the defaults below are fitted by hand to those
 figures and stay until a measured profile (``tensoropt.profile``) replaces them.
 ``overhead_s`` is a per-call framework/launch cost, charged once per operator call.
+
+A matrix multiply whose contiguous dimensions are not multiples of 16 bytes cannot use the
+matrix units' aligned kernels: its FLOP term runs at ``misaligned_efficiency[alignment]`` of
+the aligned efficiency, the alignment being the largest power of two (bytes, at most 16)
+dividing every operand's and the output's last dimension (:func:`alignment_bytes`).
 """
 
 from __future__ import annotations
@@ -19,10 +24,36 @@ from typing import Mapping
 
 from .hardware import Device
 
-__all__ = ["EfficiencyCurve", "ComputeModel", "default_compute_model", "MATMUL_FAMILIES"]
+__all__ = ["EfficiencyCurve", "ComputeModel", "default_compute_model", "MATMUL_FAMILIES", "ALIGNED_FAMILIES",
+           "ALIGNED_BYTES", "alignment_bytes"]
 
 #: families whose FLOPs run on the matrix units; the rest are usually memory-bound
 MATMUL_FAMILIES = ("linear", "matmul", "attention", "conv")
+#: families priced by the alignment of their contiguous dimensions (cuBLAS matrix multiplies;
+#: attention and convolution kernels pad or lay out their operands themselves)
+ALIGNED_FAMILIES = ("linear", "matmul")
+#: the alignment (bytes) the matrix units' fast kernels load with
+ALIGNED_BYTES = 16
+# Achieved fraction of an aligned matrix multiply's efficiency by the alignment (bytes) of its
+# contiguous dimensions, on NVIDIA GPUs: measured on one H100 SXM (torch 2.11, CUDA 13, bf16,
+# 2026-11-25, data/validation/h100/matmul_alignment.json): 8192x768 @ 768x50257 forward at 96
+# TFLOP/s (gradients 143-150) against 636-766 for 50264 and 50304; 4-byte and 8-byte aligned
+# dimensions at 250-284. NVIDIA's matrix multiplication guide asks for multiples of 8 FP16
+# elements (16 bytes) for the same reason.
+_GPU_MISALIGNED_EFFICIENCY = {2: 0.17, 4: 0.38, 8: 0.38}
+
+
+def alignment_bytes(last_dims, itemsize: int) -> int:
+    """The alignment of a matrix multiply whose operands' and output's last dimensions hold
+    ``last_dims`` elements of ``itemsize`` bytes: the largest power of two dividing every row
+    length in bytes, at most :data:`ALIGNED_BYTES`."""
+    align = ALIGNED_BYTES
+    for n in last_dims:
+        row = int(round(n)) * itemsize
+        if row <= 0 or abs(n - round(n)) > 1e-9:
+            return 1
+        align = min(align, row & -row)
+    return align
 
 
 @dataclass(frozen=True)
@@ -63,20 +94,37 @@ class ComputeModel:
     memory_efficiency: float = _MEMORY_EFFICIENCY
     # Dtype the matmul FLOPs are priced at ("bf16", "fp32", ...); None = the operator's own dtype.
     compute_dtype: str | None = None
+    # alignment (bytes, below ALIGNED_BYTES) -> fraction of the aligned efficiency; empty = no penalty
+    misaligned_efficiency: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if not 0 < self.memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency must be in (0, 1], got {self.memory_efficiency}")
+        if not all(0 < v <= 1 for v in self.misaligned_efficiency.values()):
+            raise ValueError(f"misaligned efficiencies must be in (0, 1], got {dict(self.misaligned_efficiency)}")
         object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
+        object.__setattr__(self, "misaligned_efficiency",
+                           MappingProxyType({int(k): float(v) for k, v in self.misaligned_efficiency.items()}))
+
+    def alignment_factor(self, family: str, align: int) -> float:
+        """The fraction of its aligned efficiency a ``family`` operator with contiguous
+        dimensions aligned to ``align`` bytes reaches (the nearest smaller measured alignment)."""
+        if family not in ALIGNED_FAMILIES or align >= ALIGNED_BYTES or not self.misaligned_efficiency:
+            return 1.0
+        below = [a for a in self.misaligned_efficiency if a <= align]
+        return self.misaligned_efficiency[max(below) if below else min(self.misaligned_efficiency)]
 
     def curve(self, family: str) -> EfficiencyCurve:
         return self.curves.get(family, self.default_curve)
 
-    def time_s(self, family: str, flops: float, nbytes: float, device: Device, dtype: str = "fp32") -> float:
-        """One call of an operator of ``family`` doing ``flops`` and moving ``nbytes`` on ``device``."""
+    def time_s(self, family: str, flops: float, nbytes: float, device: Device, dtype: str = "fp32",
+               align: int = ALIGNED_BYTES) -> float:
+        """One call of an operator of ``family`` doing ``flops`` and moving ``nbytes`` on ``device``,
+        its contiguous dimensions aligned to ``align`` bytes."""
         curve = self.curve(family)
         peak = device.peak_flops(self.compute_dtype or dtype)
-        t_flops = flops / (peak * curve.efficiency(flops)) if flops > 0 else 0.0
+        eff = curve.efficiency(flops) * self.alignment_factor(family, align)
+        t_flops = flops / (peak * eff) if flops > 0 else 0.0
         t_bytes = nbytes / (device.hbm_bytes_per_s * self.memory_efficiency) if nbytes > 0 else 0.0
         return curve.overhead_s + max(t_flops, t_bytes)
 
@@ -89,6 +137,7 @@ class ComputeModel:
             "default_curve": _curve_dict(self.default_curve),
             "memory_efficiency": self.memory_efficiency,
             "compute_dtype": self.compute_dtype,
+            "misaligned_efficiency": {str(k): v for k, v in sorted(self.misaligned_efficiency.items())},
         }
 
     @staticmethod
@@ -99,6 +148,7 @@ class ComputeModel:
                 default_curve=EfficiencyCurve(**d["default_curve"]),
                 memory_efficiency=float(d["memory_efficiency"]),
                 compute_dtype=d.get("compute_dtype"),
+                misaligned_efficiency={int(k): float(v) for k, v in d.get("misaligned_efficiency", {}).items()},
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a compute model: {err}") from None
@@ -109,7 +159,9 @@ def _curve_dict(c: EfficiencyCurve) -> dict:
 
 
 def default_compute_model(device: Device, dtype: str = "bf16") -> ComputeModel:
-    """Datasheet-based defaults for ``device`` (see the figures above)."""
+    """Datasheet-based defaults for ``device`` (see the figures above); the alignment penalty
+    is the GPUs' (the CPU placeholder has none)."""
     flops_half = _MATMUL_HALF_EFFICIENCY_TIME_S * device.peak_flops(dtype) * _MATMUL_EFF_MAX
     matmul = EfficiencyCurve(_MATMUL_EFF_MAX, flops_half)
-    return ComputeModel(curves={f: matmul for f in MATMUL_FAMILIES})
+    misaligned = {} if device.placeholder else _GPU_MISALIGNED_EFFICIENCY
+    return ComputeModel(curves={f: matmul for f in MATMUL_FAMILIES}, misaligned_efficiency=misaligned)

@@ -26,7 +26,7 @@ from typing import Iterable
 import numpy as np
 
 from .collectives import CollectiveModel
-from .compute import MATMUL_FAMILIES, ComputeModel, default_compute_model
+from .compute import ALIGNED_BYTES, ALIGNED_FAMILIES, MATMUL_FAMILIES, ComputeModel, alignment_bytes, default_compute_model
 from .cost_terms import CostTerms
 from .hardware import Device
 from .mesh import CPU_LINK_NAME, Mesh
@@ -129,6 +129,17 @@ def _calls(items) -> int:
     return sum(1 if isinstance(i, Collective) else len(i) for i in items)
 
 
+def _local_alignment(op: Operator, cfg: OpConfig, shape: tuple[int, ...], itemsize: int) -> int:
+    """The alignment (bytes) of a matrix multiply's contiguous dimensions on one device: the
+    last dimension of every operand and of the output, split as ``cfg`` splits it."""
+    if op.family not in ALIGNED_FAMILIES:
+        return ALIGNED_BYTES
+    terms, out = op.terms
+    dims = [spec.shape[-1] / cfg.shards(t[-1], shape)
+            for t, spec in zip((*terms, out), (*op.operands, op.output)) if t and spec.shape]
+    return alignment_bytes(dims, itemsize)
+
+
 def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool,
                zero_stage: int) -> NodeCost:
     shape = mesh.shape
@@ -139,9 +150,10 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     local_bytes += op.output.nbytes * cm.training.scale(op.output) / cfg.shards(out, shape)
     tt = cm.terms
     scale = tt.matmul_scale if op.family in MATMUL_FAMILIES else tt.other_compute_scale
-    forward = scale * cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype)
+    align = _local_alignment(op, cfg, shape, cm.training.activation_itemsize)
+    forward = scale * cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align)
     compute = forward + scale * cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                                  cm.device, dtype)
+                                                  cm.device, dtype, align)
     # operator-level layouts (something besides the batch split over a mesh axis) pay a
     # dispatch cost per operator, and issue their collectives one call each
     model_parallel = any(s not in (None, "b") and n > 1 for s, n in zip(cfg.splits, shape))
