@@ -263,7 +263,7 @@ def test_failed_run_does_not_overwrite(tmp_path, monkeypatch):
         raise ProfileError("collective benchmark failed (simulated)")
     monkeypatch.setattr(run_mod, "_run_collectives", boom)
     few = [c for c in run_mod.op_cases(4, True) if c.family == "reduction"]    # keep it short
-    monkeypatch.setattr(run_mod, "op_cases", lambda itemsize, quick: few)
+    monkeypatch.setattr(run_mod, "op_cases", lambda itemsize, quick, kind="cpu": few)
     with pytest.raises(ProfileError, match="simulated"):
         profile("cpu:2", out=path, quick=True, progress=False)
     assert path.read_text() == "GOOD"
@@ -340,6 +340,9 @@ def test_quick_profile_cpu_end_to_end(tmp_path):
     assert calls and calls[-1][0] == calls[-1][1]        # the progress reached its total
     _check_real_profile(prof, tmp_path, "cpu")
     assert prof.machine.backend == "gloo" and prof.dtype == "fp32"
+    # no alignment probe on a CPU, and no alignment penalty in its model
+    assert prof.misaligned_efficiency == {} and not prof.compute_model().misaligned_efficiency
+    assert not any(m.family == "alignment" for m in prof.compute_measurements)
     assert set(prof.collectives) == set(COLLECTIVE_KINDS)
     assert {m.group_size for m in prof.collective_measurements} == {2}
     link = get_link("gloo-loopback")
@@ -356,6 +359,9 @@ def test_quick_profile_cuda(tmp_path):
     n = torch.cuda.device_count()
     prof = profile(f"cuda:{min(n, 2)}", out=tmp_path / "g.json", quick=True, progress=False)
     _check_real_profile(prof, tmp_path, "cuda")
+    # a GPU's matrix units lose speed on a last dimension off 16-byte alignment
+    assert set(prof.misaligned_efficiency) == {"2", "4", "8"}
+    assert prof.misaligned_efficiency["2"] < 0.9
     assert prof.dtype == "bf16" and prof.machine.device_name == torch.cuda.get_device_name(0)
     assert prof.machine.backend == "nccl"
     if n >= 2:

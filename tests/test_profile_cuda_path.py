@@ -145,7 +145,7 @@ def _fake_gpu_profile_env(monkeypatch, names, *, families=("linear", "matmul", "
     fake = FakeCuda(names).install(monkeypatch)
     launcher = FakeTorchrun()
     monkeypatch.setattr(run_mod, "run_torchrun", launcher)
-    seen = {"bench_device": [], "is_cuda": [], "op_itemsize": [], "peak_kinds": [], "peak_runs": []}
+    seen = {"bench_device": [], "is_cuda": [], "op_itemsize": [], "op_kinds": [], "peak_kinds": [], "peak_runs": []}
 
     real_bench_device = run_mod._bench_device
 
@@ -159,9 +159,10 @@ def _fake_gpu_profile_env(monkeypatch, names, *, families=("linear", "matmul", "
 
     real_ops, real_square = run_mod.op_cases, run_mod._square
 
-    def op_cases(itemsize, quick):
+    def op_cases(itemsize, quick, kind="cpu"):
         seen["op_itemsize"].append(itemsize)
-        return [c for c in real_ops(itemsize, quick) if c.family in families and c.alloc_bytes < 2 ** 22]
+        seen["op_kinds"].append(kind)
+        return [c for c in real_ops(itemsize, quick, kind) if c.family in families and c.alloc_bytes < 2 ** 22]
 
     def peak_cases(quick, kind="cpu"):
         seen["peak_kinds"].append(kind)
@@ -205,6 +206,14 @@ def test_cuda_profile_flow_on_cpu(tmp_path, monkeypatch, tf32_state):
     assert seen["bench_device"] == [torch.device("cuda", 0)]
     assert set(seen["is_cuda"]) == {STAND_IN}
     assert seen["op_itemsize"] == [2] and set(seen["peak_kinds"]) == {"cuda"}   # bf16 sweep, GPU peak sizes
+    assert seen["op_kinds"] == ["cuda"]
+
+    # the alignment probes: one aligned and three misaligned last dimensions, their rates
+    # against the aligned one by alignment in bytes (2, 4, 8 for 1, 2, 4 bf16 elements)
+    probes = [m for m in prof.compute_measurements if m.family == "alignment"]
+    assert sorted(m.shape[2] % 8 for m in probes) == [0, 1, 2, 4]
+    assert set(prof.misaligned_efficiency) == {"2", "4", "8"}
+    assert all(0 < f <= 1 for f in prof.misaligned_efficiency.values())
 
     # timing: CUDA events on the benchmark device's stream, that device synchronised
     assert fake.log and {d for op, d in fake.log if op in ("sync", "record")} == {STAND_IN}
@@ -256,6 +265,7 @@ def test_cuda_profile_flow_on_cpu(tmp_path, monkeypatch, tf32_state):
     assert cm.device.peak_flops("bf16") == prof.peak_flops_per_s["bf16"]
     assert cm.device.peak_flops("tf32") == prof.peak_flops_per_s["tf32"]
     assert cm.device.hbm_bytes_per_s == prof.hbm_bytes_per_s
+    assert dict(cm.compute.misaligned_efficiency) == {int(a): f for a, f in prof.misaligned_efficiency.items()}
     link = cluster.intra_link
     n = 2 ** 20
     assert cm.collectives.raw_time_s("all_reduce", n, 2, link.latency_s, link.bandwidth_bytes_per_s) == \

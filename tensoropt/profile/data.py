@@ -157,6 +157,8 @@ class Profile:
     memory_efficiency: float              # of hbm_bytes_per_s, shared by all families
     curves: dict[str, FittedCurve]
     collectives: dict[str, FittedCollective]
+    # alignment (bytes, as a string) -> the matmul rate reached against an aligned one (GPUs)
+    misaligned_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
     compute_measurements: tuple[ComputeMeasurement, ...] = ()
     collective_measurements: tuple[CollectiveMeasurement, ...] = ()
     notes: tuple[str, ...] = ()
@@ -171,10 +173,12 @@ class Profile:
 
     # ------------------------------------------------------------------ models
     def compute_model(self) -> ComputeModel:
-        """Measured per-family curves; families not profiled fall back to the elementwise curve."""
+        """Measured per-family curves (families not profiled fall back to the elementwise
+        curve) and the measured alignment penalty of matrix multiplies."""
         curves = {fam: c.curve() for fam, c in self.curves.items()}
         default = curves.get(DEFAULT_CURVE_FAMILY) or ComputeModel().default_curve
-        return ComputeModel(curves=curves, default_curve=default, memory_efficiency=self.memory_efficiency)
+        return ComputeModel(curves=curves, default_curve=default, memory_efficiency=self.memory_efficiency,
+                            misaligned_efficiency={int(a): f for a, f in self.misaligned_efficiency.items()})
 
     def device(self, base: Device) -> Device:
         """A copy of ``base`` with the measured peak FLOP/s and memory bandwidth.

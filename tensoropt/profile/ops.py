@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["OpCase", "op_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops", "linear_builder"]
+__all__ = ["OpCase", "op_cases", "alignment_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops", "linear_builder"]
 
 #: families the sweep covers (every family of the operator graph)
 FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
@@ -142,10 +142,22 @@ def _pool(n, c, hw):
 
 # ------------------------------------------------------------------------------ sweeps
 
-def _linear_cases(s, quick):
+# What a GPU adds to a full sweep: the sizes training runs at, where its matrix units reach their
+# plateau (a 1024-cube matmul is launch-bound there), and tensors far beyond its caches.
+_GPU_LINEAR = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 768, 3072),
+               (8192, 4096, 14336), (8192, 2048, 8192))
+_GPU_BMM = ((64, 1024, 128, 1024), (96, 2048, 128, 2048))
+_GPU_ATTENTION = ((8, 16, 2048, 128), (4, 32, 4096, 128))
+_GPU_CONV = ((64, 64, 56, 64, 3), (64, 256, 14, 256, 3), (128, 64, 56, 256, 1))
+_GPU_ROWWISE_EXPS = (26, 28)
+_GPU_LOSS = ((8192, 50304), (4096, 128256))
+
+
+def _linear_cases(s, quick, gpu=False):
     squares = (32, 128, 512) if quick else (32, 64, 128, 256, 384, 512, 768, 1024)
     gemv = ((1, 512, 512),) if quick else ((1, 1024, 1024), (1, 2048, 2048), (1, 4096, 4096), (4, 4096, 4096))
     shapes = [(n, n, n) for n in squares] + list(gemv) + ([] if quick else [(256, 768, 3072), (1024, 1024, 256)])
+    shapes += list(_GPU_LINEAR) if gpu and not quick else []
     out = []
     for m, k, n in shapes:
         flops = 2.0 * m * k * n
@@ -157,32 +169,35 @@ def _linear_cases(s, quick):
     return out
 
 
-def _matmul_cases(s, quick):
+def _matmul_cases(s, quick, gpu=False):
     shapes = [(8, 32, 32, 32), (8, 128, 64, 128), (4, 256, 256, 256)] if quick else \
         [(8, 16, 16, 16), (8, 32, 32, 32), (8, 64, 64, 64), (12, 128, 64, 128), (8, 128, 128, 128),
          (8, 256, 256, 256), (4, 512, 512, 512), (48, 256, 64, 256), (1, 1, 4096, 4096)]
+    shapes += list(_GPU_BMM) if gpu and not quick else []
     out = []
     for b, m, k, n in shapes:
         flops = 2.0 * b * m * k * n
         nbytes = float(b * (m * k + k * n + m * n)) * s
         out.append(OpCase("matmul", "bmm_fwd", (b, m, k, n), flops, nbytes, 1, nbytes, _bmm(b, m, k, n, False)))
-        if m >= 32 and b * m * k * n <= 2 ** 27:
+        if m >= 32 and (gpu or b * m * k * n <= 2 ** 27):
             out.append(OpCase("matmul", "bmm_fwd_bwd", (b, m, k, n), flops, nbytes, _GEMM_CALLS_FWD_BWD,
                               2 * nbytes, _bmm(b, m, k, n, True)))
     return out
 
 
-def _attention_cases(s, quick):
+def _attention_cases(s, quick, gpu=False):
     shapes = [(1, 4, 64, 32), (1, 4, 256, 64)] if quick else \
         [(1, 4, 32, 64), (1, 8, 64, 64), (1, 8, 128, 64), (2, 8, 256, 64), (1, 12, 512, 64), (1, 8, 1024, 64)]
+    shapes += list(_GPU_ATTENTION) if gpu and not quick else []
     return [OpCase("attention", "sdpa", (b, h, sq, d), 4.0 * b * h * sq * sq * d, 4.0 * b * h * sq * d * s, 1,
                    4.0 * b * h * sq * d * s + b * h * sq * sq * s, _sdpa(b, h, sq, d)) for b, h, sq, d in shapes]
 
 
-def _conv_cases(s, quick):
+def _conv_cases(s, quick, gpu=False):
     shapes = [(2, 8, 16, 8, 3), (4, 32, 32, 32, 3)] if quick else \
         [(1, 3, 32, 16, 3), (8, 16, 32, 16, 3), (8, 32, 32, 32, 3), (8, 64, 16, 64, 3), (8, 128, 8, 128, 3),
          (8, 64, 56, 64, 1), (4, 64, 56, 64, 3)]
+    shapes += list(_GPU_CONV) if gpu and not quick else []
     out = []
     for n, cin, hw, cout, ks in shapes:
         flops = 2.0 * n * cout * hw * hw * cin * ks * ks
@@ -192,17 +207,17 @@ def _conv_cases(s, quick):
     return out
 
 
-def _rowwise_sizes(quick):
-    """(rows, cols) from 4 Ki to 16 Mi elements (quick: to 1 Mi)."""
+def _rowwise_sizes(quick, gpu=False):
+    """(rows, cols) from 4 Ki to 16 Mi elements (quick: to 1 Mi; a GPU's full sweep: to 256 Mi)."""
     cols = 1024
-    exps = (12, 16, 20) if quick else (10, 12, 14, 16, 18, 20, 22, 24)
+    exps = (12, 16, 20) if quick else (10, 12, 14, 16, 18, 20, 22, 24) + (_GPU_ROWWISE_EXPS if gpu else ())
     return [(max(1, 2 ** e // cols), min(cols, 2 ** e)) for e in exps]
 
 
-def _pointwise_cases(s, quick):
+def _pointwise_cases(s, quick, gpu=False):
     fl = per_element_flops()
     out = []
-    for rows, cols in _rowwise_sizes(quick):
+    for rows, cols in _rowwise_sizes(quick, gpu):
         numel = rows * cols
         out.append(OpCase("norm", "layer_norm", (rows, cols), fl["norm"] * numel, (2.0 * numel + 2 * cols) * s, 1,
                           2.0 * numel * s, _unary("layer_norm", rows, cols)))
@@ -215,7 +230,8 @@ def _pointwise_cases(s, quick):
         out.append(OpCase("reduction", "sum", (rows, cols), fl["reduction"] * numel, (numel + rows) * s, 1,
                           1.0 * numel * s, _unary("sum", rows, cols)))
     for rows, vocab in ([(8, 1024), (64, 8192)] if quick else
-                        [(8, 1024), (32, 4096), (128, 8192), (256, 32768), (512, 50304)]):
+                        [(8, 1024), (32, 4096), (128, 8192), (256, 32768), (512, 50304)]
+                        + (list(_GPU_LOSS) if gpu else [])):
         numel = rows * vocab
         out.append(OpCase("loss", "cross_entropy", (rows, vocab), fl["loss"] * numel,
                           numel * s + rows * _INDEX_BYTES + s, 1, 2.0 * numel * s, _unary("cross_entropy", rows, vocab)))
@@ -232,11 +248,32 @@ def _pointwise_cases(s, quick):
     return out
 
 
-def op_cases(itemsize: int, quick: bool) -> list[OpCase]:
-    """Every operator benchmark, smallest first within each family."""
-    cases = (_linear_cases(itemsize, quick) + _matmul_cases(itemsize, quick) + _attention_cases(itemsize, quick)
-             + _conv_cases(itemsize, quick) + _pointwise_cases(itemsize, quick))
+def op_cases(itemsize: int, quick: bool, kind: str = "cpu") -> list[OpCase]:
+    """Every operator benchmark, smallest first within each family (``kind="cuda"``: a full
+    sweep adds the sizes a GPU trains at)."""
+    gpu = kind == "cuda"
+    cases = (_linear_cases(itemsize, quick, gpu) + _matmul_cases(itemsize, quick, gpu)
+             + _attention_cases(itemsize, quick, gpu) + _conv_cases(itemsize, quick, gpu)
+             + _pointwise_cases(itemsize, quick, gpu))
     return cases
+
+
+#: how far the last dimension of the alignment probes is from a multiple of 8 elements
+_MISALIGNMENTS = (0, 1, 2, 4)
+
+
+def alignment_cases(itemsize: int, quick: bool) -> list[OpCase]:
+    """Linear forward and backward with a last dimension 0, 1, 2 and 4 elements past a
+    multiple of 8: their rates against the aligned one give ``ComputeModel.misaligned_efficiency``."""
+    m, k, n = (2048, 1024, 1024) if quick else (8192, 4096, 4096)
+    out = []
+    for extra in _MISALIGNMENTS:
+        nn = n + extra
+        flops = 2.0 * m * k * nn
+        nbytes = float(m * k + nn * k + m * nn) * itemsize
+        out.append(OpCase("alignment", "linear_fwd_bwd", (m, k, nn), flops, nbytes, _GEMM_CALLS_FWD_BWD, 2 * nbytes,
+                          linear_builder(m, k, nn, True)))
+    return out
 
 
 def copy_cases(itemsize: int, quick: bool, min_stream_bytes: float) -> list[OpCase]:

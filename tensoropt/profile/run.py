@@ -16,7 +16,7 @@ from .data import (CollectiveMeasurement, ComputeMeasurement, FittedCollective, 
 from .devices import DeviceSet, catalogue_entry, cpu_count, cpu_model_name, current_device_name, parse_device_set
 from .fit import CollectivePoint, ComputePoint, FitError, fit_collective, fit_efficiency_curve
 from .measure import FULL_BUDGET, QUICK_BUDGET, TimingBudget, stats_from_samples, time_fn
-from .ops import OpCase, copy_cases, op_cases, peak_cases
+from .ops import OpCase, alignment_cases, copy_cases, op_cases, peak_cases
 
 __all__ = ["profile", "ProfileError"]
 
@@ -62,11 +62,13 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     stream = (_STREAM_BYTES_QUICK if quick else _STREAM_BYTES)[ds.kind]
     itemsize = _ITEMSIZE[bench_dtype]
     copies = copy_cases(itemsize, quick, stream)
-    ops = op_cases(itemsize, quick)
+    ops = op_cases(itemsize, quick, ds.kind)
+    # the matrix units' alignment penalty is measured where the cost model charges one (GPUs)
+    aligns = alignment_cases(itemsize, quick) if ds.kind == "cuda" else []
     peak_dtypes = (bench_dtype,) if quick and ds.kind == "cpu" else _PEAK_DTYPES[ds.kind]
     peaks = [(dt, n) for dt in peak_dtypes for n in peak_cases(quick, ds.kind)]
     group_sizes = _group_sizes(ds, quick)
-    total = len(copies) + len(ops) + len(peaks) + len(group_sizes) + 1
+    total = len(copies) + len(ops) + len(aligns) + len(peaks) + len(group_sizes) + 1
     tick = _progress(progress, total)
 
     old_threads = torch.get_num_threads()
@@ -77,6 +79,7 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
         if not copy_ms:
             raise ProfileError(f"no copy benchmark could run on {ds.spec}: {'; '.join(notes)}")
         compute_ms = [m for c in ops if (m := _run_case(c, device, bench_dtype, budget, notes, tick))]
+        align_ms = [m for c in aligns if (m := _run_case(c, device, bench_dtype, budget, notes, tick))]
         peak_ms = []
         for dt, n in peaks:
             m = _run_case(_square(n, dt), device, dt, budget, notes, tick)
@@ -88,6 +91,7 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     hbm = _bandwidth(copy_ms, stream, notes)
     peak = _peaks(compute_ms, peak_ms, bench_dtype)
     curves = _fit_curves(compute_ms, peak[bench_dtype], hbm, notes)
+    misaligned = _misaligned_efficiency(align_ms, itemsize, notes)
     tick("fit compute")
 
     coll_ms: list[CollectiveMeasurement] = []
@@ -108,7 +112,8 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
         catalogue_device=entry, link=_link_name(entry) if coll_ms else "")
     prof = Profile(devices=ds.spec, quick=quick, dtype=bench_dtype, machine=machine, peak_flops_per_s=peak,
                    hbm_bytes_per_s=hbm, memory_efficiency=1.0, curves=curves, collectives=collectives,
-                   compute_measurements=tuple(copy_ms + compute_ms + peak_ms),
+                   misaligned_efficiency=misaligned,
+                   compute_measurements=tuple(copy_ms + compute_ms + align_ms + peak_ms),
                    collective_measurements=tuple(coll_ms), notes=tuple(notes))
     tick.close()
     if out is not None:
@@ -266,6 +271,19 @@ def _fit_curves(compute_ms, peak, hbm, notes) -> dict[str, FittedCurve]:
     if not curves:
         raise ProfileError("no operator family could be measured and fitted: " + "; ".join(notes))
     return curves
+
+
+def _misaligned_efficiency(align_ms, itemsize: int, notes: list[str]) -> dict[str, float]:
+    """Each misaligned probe's FLOP rate over the aligned one's, by the alignment (bytes) of
+    its last dimension (``compute.alignment_bytes``), at most 1."""
+    from ..compute import ALIGNED_BYTES, alignment_bytes
+
+    rates = {alignment_bytes([m.shape[1], m.shape[2]], itemsize): m.flops / m.time_per_call_s for m in align_ms}
+    if ALIGNED_BYTES not in rates:
+        if align_ms:
+            notes.append("no aligned matmul probe ran: the alignment penalty is not measured")
+        return {}
+    return {str(a): min(1.0, r / rates[ALIGNED_BYTES]) for a, r in sorted(rates.items()) if a < ALIGNED_BYTES}
 
 
 # ------------------------------------------------------------------------------ collectives
