@@ -285,3 +285,55 @@ def test_transformers_validation_models_capture_and_price():
     graph = capture_graph("hf-llama")
     for c in cands[:2]:
         assert CostTerms().predict(step_features(c.plan, graph)) == pytest.approx(c.plan.time_s)
+
+
+def test_master_weight_adam_is_adamw_on_an_fp32_copy_of_bf16_parameters():
+    import torch
+
+    from tensoropt.training import TrainingConfig
+    from tensoropt.validate.device_step import MasterWeightAdam
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(torch.bfloat16)
+    ref = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    opt = MasterWeightAdam(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(ref, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    numel = sum(p.numel() for p in model.parameters())
+    assert sum(t.numel() * t.element_size() for t in opt.state_tensors()[:-1]) == \
+        TrainingConfig("bf16-mixed").state_bytes_per_param[2] * numel
+    assert max(sum(opt.params[i].numel() for i in c) for c in opt.chunks) == max(p.numel() for p in opt.params)
+    for _ in range(3):
+        model(torch.randn(8, 16, dtype=torch.bfloat16)).square().mean().backward()
+        for r, p in zip(ref, model.parameters()):
+            r.grad = p.grad.float()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        assert all(float(p.grad.abs().sum()) == 0 for p in model.parameters())      # kept, zeroed
+    for m, r, p in zip(opt.master, ref, model.parameters()):
+        torch.testing.assert_close(m, r.detach(), rtol=1e-5, atol=1e-6)
+        assert torch.equal(p.detach(), m.to(torch.bfloat16))
+
+
+def test_a_device_step_recomputes_what_the_plan_recomputes():
+    import torch
+
+    import tensoropt
+    from tensoropt.models import example_inputs, get_model
+    from tensoropt.validate.device_step import measure_step, recompute_as_planned
+
+    plan = tensoropt.plan_for("llama-tiny", "1xH100", recompute="full", batch_size=4)
+    torch.manual_seed(0)
+    model = get_model("llama-tiny", device="cpu").to(torch.bfloat16)
+    assert recompute_as_planned(model, plan) == list(plan.recompute) and plan.recompute
+    calls = []
+    # (a pre-hook: the recomputed forward stops once it has what backward needs, before the
+    # block's last operators; tests/test_recompute.py)
+    model.get_submodule(plan.recompute[0]).mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+    out = measure_step(model, tuple(example_inputs("llama-tiny", 4, device="cpu")), steps=2, warmup=1)
+    # the recomputed block's forward runs twice a step: once, and again in backward (warm-up,
+    # timed and measured steps)
+    assert len(calls) == 2 * (1 + 2 + 1)
+    assert out["params"] == sum(p.numel() for p in model.parameters())
+    assert out["peak_bytes"] > 0 and out["step_s"] > 0 and len(out["losses"]) == 3
+    assert all(math.isfinite(x) for x in out["losses"])

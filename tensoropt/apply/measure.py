@@ -161,14 +161,17 @@ class _NoModTracker:
         return torch._C._current_graph_task_id() != -1
 
 
-def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True) -> dict[str, Any]:
+def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True,
+                tensors: bool = False) -> dict[str, Any]:
     """Run ``step_fn()`` once; return this rank's peak memory of the step.
 
-    ``track``: modules / optimizers whose existing tensors should count (CPU/MemTracker only).
-    ``modules=False``: MemTracker without its per-module hooks (same totals; needed for
-    pipeline stages). Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``.
+    ``track``: modules / optimizers (or tensors) whose existing tensors should count
+    (MemTracker only). ``modules=False``: MemTracker without its per-module hooks (same
+    totals; needed for pipeline stages). ``tensors=True``: MemTracker's live tensors by
+    category on CUDA too, instead of the allocator's peak (which also holds library
+    workspaces). Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``.
     """
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if not tensors and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, run on a machine that has one (python3 with torch there):
+# the GPU profile (tensoropt profile on CUDA), the CUDA-marked tests, and real training steps of
+# the plans of scripts/validate_device.py. Results go to $OUT (default out/gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out/gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/machine.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
+    2>&1 | tee -a "$OUT/machine.txt"
+timeout "${PROFILE_S:-180}" $PY -m tensoropt.profile --devices cuda --out "$OUT/profile.json" --no-progress 2>&1 \
+    | tee "$OUT/profile.log"
+timeout "${VALIDATE_S:-300}" $PY scripts/validate_device.py run --out "$OUT" 2>&1 | tee "$OUT/validate.log"
+timeout "${TESTS_S:-90}" $PY -m pytest -q -m cuda -p no:cacheprovider tests/test_profile.py 2>&1 \
+    | tee "$OUT/pytest_cuda.log"
