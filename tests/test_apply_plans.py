@@ -47,6 +47,8 @@ CASES_2 = ["mlp:dp", "mlp:dp_zero2", "mlp:dp_zero3", "mlp:tp_plain", "mlp:min_ti
 CASES_4 = ["mlp:dp", "mlp:tp_plain", "mlp:hybrid", "mlp:min_time", "mlp:min_memory_plain",
            "gpt:dp", "gpt:tp_plain", "gpt:hybrid", "gpt:min_time", "gpt:min_memory_plain",
            "cnn:hybrid", "cnn:min_time", "cnn:min_memory_plain"]
+# one device: its plans are laid out too (FSDP2 on a one-rank mesh), recomputation included
+CASES_1 = ["gpt:min_time", "gpt:dp_rc"]
 MEMORY_CASES = ["mlp-big:dp", "mlp-big:tp_plain", "mlp-big:min_memory_plain"]
 
 # Where measured bytes differ from the prediction, and why (see the final report in the commit
@@ -203,6 +205,11 @@ def test_predicted_collectives_zero_stage(mlp_frontier):
 
 
 @pytest.fixture(scope="module")
+def results_1():
+    return launch_cases(WORKER, 1, CASES_1, ["all"], timeout=300)
+
+
+@pytest.fixture(scope="module")
 def results_2():
     return launch_cases(WORKER, 2, CASES_2, ["all"], timeout=420)
 
@@ -235,6 +242,13 @@ def _check_comms(res: dict, world: int) -> None:
         pytest.xfail(f"{known}: {off}")   # the frontier may pick another plan: then they must agree
     assert set(pred) == set(meas), off
     assert not bad, f"{res['case']} ({res['plan']}): predicted vs measured bytes {off}"
+
+
+@pytest.mark.parametrize("case", CASES_1)
+def test_one_device_plans_run_as_single_process_training(results_1, case):
+    _check_exact(results_1[case])
+    assert results_1[case]["mesh"] == [1]
+    assert results_1[case]["probe_calls_per_step"] == (2 if case.endswith("_rc") else 1)
 
 
 @pytest.mark.parametrize("case", CASES_2)

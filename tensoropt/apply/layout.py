@@ -254,7 +254,8 @@ def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> 
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
     for fqn in getattr(layout.plan, "recompute", ()) or ():
         checkpoint_forward(model.get_submodule(fqn), getattr(layout.plan, "recompute_policy", "full"))
-    names = tuple(layout.axis_names[a] for a in layout.data_axes)
+    # one device: no axis splits anything, and the wrappers get the mesh's (size-1) axes
+    names = tuple(layout.axis_names[a] for a in layout.data_axes) or tuple(layout.axis_names)
     dp = mesh[names[0]] if len(names) == 1 else mesh[names]._flatten("_".join(names))
     for fqn in layout.graph.block_modules:
         block = model.get_submodule(fqn)
