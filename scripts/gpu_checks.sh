@@ -16,3 +16,5 @@ timeout "${PROFILE_S:-180}" $PY -m tensoropt.profile --devices cuda --out "$OUT/
 timeout "${VALIDATE_S:-300}" $PY scripts/validate_device.py run --out "$OUT" 2>&1 | tee "$OUT/validate.log"
 timeout "${TESTS_S:-90}" $PY -m pytest -q -m cuda -p no:cacheprovider tests/test_profile.py 2>&1 \
     | tee "$OUT/pytest_cuda.log"
+timeout "${APPLY_S:-200}" torchrun --standalone --nproc-per-node 1 scripts/apply_on_device.py \
+    gpt2:none gpt2:full gpt2:op hf-gpt2:op resnet50:full hf-llama:op 2>&1 | grep -v -i warn | tee "$OUT/apply.log"
