@@ -113,8 +113,8 @@ def test_notebook_executes(path, tmp_path):
         facts = _check_line(nb, "language")
         assert float(facts["dp_bytes"]) > float(facts["budget_bytes"]) >= float(facts["plan_bytes"])
         # section 5 runs by default: LLaMA-3-8B and GPT-3 175B need more than the device under
-        # data parallelism, their fastest plans fit; GPT-3's is pipelined over 1024 devices in
-        # the coarse space, tensor parallel only inside a node
+        # data parallelism; LLaMA's fastest plan fits, and GPT-3's fastest that fits is pipelined
+        # over 1024 devices in the coarse space, tensor parallel only inside a node
         large = _check_line(nb, "large")
         device = float(large["device_bytes"])
         assert float(large["llama_dp_bytes"]) > device >= float(large["llama_plan_bytes"])
