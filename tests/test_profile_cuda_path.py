@@ -157,12 +157,23 @@ def _fake_gpu_profile_env(monkeypatch, names, *, families=("linear", "matmul", "
         seen["is_cuda"].append(device)
         return device == STAND_IN
 
-    real_ops, real_square = run_mod.op_cases, run_mod._square
+    real_ops, real_square, real_aligns = run_mod.op_cases, run_mod._square, run_mod.alignment_cases
 
     def op_cases(itemsize, quick, kind="cpu"):
         seen["op_itemsize"].append(itemsize)
         seen["op_kinds"].append(kind)
         return [c for c in real_ops(itemsize, quick, kind) if c.family in families and c.alloc_bytes < 2 ** 22]
+
+    def alignment_cases(itemsize, quick):
+        # the same probes at a size the CPU stand-in times in milliseconds
+        from tensoropt.profile.ops import linear_builder
+
+        out = []
+        for c in real_aligns(itemsize, quick):
+            n = c.shape[2] - c.shape[1] + 32
+            out.append(dataclasses.replace(c, shape=(64, 32, n), flops=2.0 * 64 * 32 * n,
+                                           build=linear_builder(64, 32, n, True)))
+        return out
 
     def peak_cases(quick, kind="cpu"):
         seen["peak_kinds"].append(kind)
@@ -185,6 +196,7 @@ def _fake_gpu_profile_env(monkeypatch, names, *, families=("linear", "matmul", "
     monkeypatch.setattr(run_mod, "op_cases", op_cases)
     monkeypatch.setattr(run_mod, "peak_cases", peak_cases)
     monkeypatch.setattr(run_mod, "_square", square)
+    monkeypatch.setattr(run_mod, "alignment_cases", alignment_cases)
     monkeypatch.setitem(run_mod._STREAM_BYTES_QUICK, "cuda", 2 ** 20)
     return fake, launcher, seen
 
