@@ -268,3 +268,38 @@ def test_the_command_line_reports_the_memory_cap(capsys):
     assert main(["frontier", "--model", "gpt-tiny", "--devices", "2xA100-80GB", "--no-progress",
                  "--memory-limit", "1MB"]) == 3
     assert "past its memory cap" in capsys.readouterr().err
+
+
+def test_the_compiled_elimination_step_gives_the_numpy_numbers():
+    """``bounds._sum_min`` by the compiled kernel and by numpy (whole, and one configuration
+    at a time): the same numbers to the bit, over broadcast, strided and infinite tables."""
+    from tensoropt.engine import bounds
+    from tensoropt.engine.native import kernels
+
+    lib = kernels()
+    if lib is None:
+        pytest.skip("no C compiler: the numpy code is all there is")
+    rng = np.random.default_rng(7)
+    for trial in range(150):
+        nd = int(rng.integers(1, 5))
+        scope = tuple(range(nd))
+        sizes = {v: int(rng.integers(1, 12)) for v in scope}
+        tables = []
+        for _ in range(int(rng.integers(1, 5))):
+            t = rng.random(tuple(sizes[v] if rng.random() < 0.6 else 1 for v in scope) + (9,)) * 100
+            if rng.random() < 0.3:
+                t = np.where(rng.random(t.shape) < 0.1, np.inf, t)
+            if rng.random() < 0.3 and nd >= 2:
+                t = np.ascontiguousarray(np.swapaxes(t, 0, 1)).swapaxes(0, 1)      # strided
+            tables.append(t)
+        axis = int(rng.integers(0, nd))
+        whole = np.broadcast_to(sum(tables), tuple(sizes[v] for v in scope) + (9,)).min(axis=axis)
+        native = bounds._sum_min_native(lib, tables, scope, axis, sizes)
+        assert np.array_equal(native, whole), trial
+        saved = bounds._LOOP_CELLS, bounds._NATIVE_CELLS
+        bounds._LOOP_CELLS, bounds._NATIVE_CELLS = 0, float("inf")      # numpy, per configuration
+        try:
+            one_at_a_time = bounds._sum_min(tables, scope, axis, sizes)
+        finally:
+            bounds._LOOP_CELLS, bounds._NATIVE_CELLS = saved
+        assert np.array_equal(np.broadcast_to(one_at_a_time, whole.shape), whole), trial

@@ -547,3 +547,56 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
     ws_free(&w);
     return status;
 }
+
+/* ------------------------------------------------------------------------------------- */
+/* One min-sum elimination step of the lower bounds (tensoropt.engine.bounds._sum_min):
+ * out[rest, w] = min over k of the sum over factors of table_f[rest, k, w], where each
+ * table is a view broadcast over the step's scope (its strides in elements, 0 along the
+ * dims it does not hold) and the weights run last. The sums add the factors in their
+ * order from 0.0 and the minimum keeps the first least, as the numpy code does, so the
+ * two give the same numbers. shape: the scope's nd sizes; strides: nf x (nd + 1); out:
+ * the scope without axis, then nw, contiguous. Returns 0, or -1 when memory ran out. */
+int min_sum_step(int nd, const int64_t *shape, int axis, int64_t nw, int nf,
+                 const double *const *tables, const int64_t *strides, double *out)
+{
+    int64_t kn = shape[axis];
+    int64_t *idx = calloc(nd > 0 ? nd : 1, sizeof(int64_t));
+    int64_t *base = calloc(nf > 0 ? nf : 1, sizeof(int64_t));
+    double *acc = malloc((kn * nw > 0 ? kn * nw : 1) * sizeof(double));
+    if (!idx || !base || !acc) { free(idx); free(base); free(acc); return -1; }
+    int dense = 1;                          /* every table's weights contiguous */
+    for (int f = 0; f < nf; f++) if (strides[(int64_t)f * (nd + 1) + nd] != 1) dense = 0;
+    int64_t cells = 1;
+    for (int d = 0; d < nd; d++) if (d != axis) cells *= shape[d];
+    for (int64_t c = 0; c < cells; c++) {
+        for (int64_t q = 0; q < kn * nw; q++) acc[q] = 0.0;
+        for (int f = 0; f < nf; f++) {
+            const int64_t *st = strides + (int64_t)f * (nd + 1);
+            const double *t = tables[f] + base[f];
+            int64_t sk = st[axis], sw = st[nd];
+            for (int64_t k = 0; k < kn; k++) {
+                double *a = acc + k * nw;
+                const double *tk = t + k * sk;
+                if (dense) for (int64_t w = 0; w < nw; w++) a[w] += tk[w];
+                else for (int64_t w = 0; w < nw; w++) a[w] += tk[w * sw];
+            }
+        }
+        double *o = out + c * nw;
+        for (int64_t w = 0; w < nw; w++) o[w] = acc[w];
+        for (int64_t k = 1; k < kn; k++) {
+            const double *a = acc + k * nw;
+            for (int64_t w = 0; w < nw; w++) if (a[w] < o[w]) o[w] = a[w];
+        }
+        /* the next cell of the scope without axis, last dim fastest */
+        for (int d = nd - 1; d >= 0; d--) {
+            if (d == axis) continue;
+            idx[d]++;
+            for (int f = 0; f < nf; f++) base[f] += strides[(int64_t)f * (nd + 1) + d];
+            if (idx[d] < shape[d]) break;
+            for (int f = 0; f < nf; f++) base[f] -= strides[(int64_t)f * (nd + 1) + d] * shape[d];
+            idx[d] = 0;
+        }
+    }
+    free(idx); free(base); free(acc);
+    return 0;
+}

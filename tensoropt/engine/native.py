@@ -72,6 +72,8 @@ def _load():
     lib.kd_fold.restype = ctypes.c_int
     lib.pareto_sum2.argtypes = [i64, i64, i64, i64, p, p, p, p, i64, p, p, p, p]
     lib.pareto_sum2.restype = ctypes.c_int
+    lib.min_sum_step.argtypes = [c_int, p, c_int, i64, c_int, p, p, p]
+    lib.min_sum_step.restype = ctypes.c_int
     return lib
 
 
