@@ -212,7 +212,7 @@ def _sum_min(aligned: list[np.ndarray], scope: tuple[int, ...], axis: int, sizes
     return best
 
 
-# below this many cells a step's numpy code costs less than the call into the kernel
+# small steps stay in numpy: a call into the kernel has a fixed cost (argument arrays, ctypes)
 _NATIVE_CELLS = 1 << 10
 
 
