@@ -270,7 +270,7 @@ def test_the_command_line_reports_the_memory_cap(capsys):
     assert "past its memory cap" in capsys.readouterr().err
 
 
-def test_the_compiled_elimination_step_gives_the_numpy_numbers():
+def test_the_compiled_elimination_step_gives_the_numpy_numbers(monkeypatch):
     """``bounds._sum_min`` by the compiled kernel and by numpy (whole, and one configuration
     at a time): the same numbers to the bit, over broadcast, strided and infinite tables."""
     from tensoropt.engine import bounds
@@ -296,10 +296,8 @@ def test_the_compiled_elimination_step_gives_the_numpy_numbers():
         whole = np.broadcast_to(sum(tables), tuple(sizes[v] for v in scope) + (9,)).min(axis=axis)
         native = bounds._sum_min_native(lib, tables, scope, axis, sizes)
         assert np.array_equal(native, whole), trial
-        saved = bounds._LOOP_CELLS, bounds._NATIVE_CELLS
-        bounds._LOOP_CELLS, bounds._NATIVE_CELLS = 0, float("inf")      # numpy, per configuration
-        try:
+        with monkeypatch.context() as m:                                 # numpy, per configuration
+            m.setattr(bounds, "_LOOP_CELLS", 0)
+            m.setattr(bounds, "_NATIVE_CELLS", float("inf"))
             one_at_a_time = bounds._sum_min(tables, scope, axis, sizes)
-        finally:
-            bounds._LOOP_CELLS, bounds._NATIVE_CELLS = saved
         assert np.array_equal(np.broadcast_to(one_at_a_time, whole.shape), whole), trial
