@@ -22,6 +22,8 @@ class Frontier:
     reference: dict[str, Plan] = field(default_factory=dict)
     device_memory_bytes: float = float("inf")
     stats: dict = field(default_factory=dict)
+    #: the device's reserved over allocated peak bytes (``tensoropt.allocator.reserved_ratio``)
+    reserved_ratio: float = 1.0
 
     def __len__(self) -> int:
         return len(self.plans)
@@ -70,12 +72,12 @@ class Frontier:
     def to_pandas(self):
         import pandas as pd
 
-        return pd.DataFrame([plan_row(p, self.device_memory_bytes) for p in self.plans])
+        return pd.DataFrame([plan_row(p, self.device_memory_bytes, self.reserved_ratio) for p in self.plans])
 
     def references_to_pandas(self):
         import pandas as pd
 
-        return pd.DataFrame([dict(plan_row(p, self.device_memory_bytes), label=name)
+        return pd.DataFrame([dict(plan_row(p, self.device_memory_bytes, self.reserved_ratio), label=name)
                              for name, p in self.reference.items()])
 
     def plot(self, ax=None, memory_budget=None, **kw):
@@ -91,9 +93,11 @@ class Frontier:
                 "peak per device)")
 
 
-def plan_row(p: Plan, device_memory: float) -> dict:
+def plan_row(p: Plan, device_memory: float, reserved_ratio: float = 1.0) -> dict:
     """One table row: memory is the step's peak per device; ``forward_end_bytes`` is what the
-    device holds when the forward pass ends (state and saved activations, ``Plan.memory_bytes``)."""
+    device holds when the forward pass ends (state and saved activations, ``Plan.memory_bytes``);
+    ``reserved_bytes`` is what the device's caching allocator would reserve at that peak
+    (``tensoropt.allocator``), the figure training logs print."""
     return {
         "time_s": p.time_s,
         "memory_bytes": p.peak_memory_bytes,
@@ -101,6 +105,8 @@ def plan_row(p: Plan, device_memory: float) -> dict:
         "memory_gib": p.peak_memory_bytes / 2**30,
         "forward_end_bytes": p.memory_bytes,
         "forward_end_gib": p.memory_bytes / 2**30,
+        "reserved_bytes": p.peak_memory_bytes * reserved_ratio,
+        "reserved_gib": p.peak_memory_bytes * reserved_ratio / 2**30,
         "mesh": p.mesh,
         "summary": p.summary,
         "fits_device": fits(p, device_memory),

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .allocator import reserved_ratio
 from .budget import InfeasibleBudget
 from .cost_terms import CostTerms
 from .capture.recapture import Recapture, capture_model
@@ -193,7 +194,8 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
              "search_space": space.describe(), "peak_search": dict(ctx.peak_searches),
              "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph),
              "calibration": options.calibration}
-    return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats)
+    return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats,
+                    reserved_ratio=reserved_ratio(cluster.device))
 
 
 def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace, cost_for,

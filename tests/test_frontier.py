@@ -14,7 +14,9 @@ from tensoropt.capture import CaptureError
 from tensoropt.cli import main as cli_main
 from tensoropt.models import example_inputs, get_model
 from tensoropt.plan import Plan
+from tensoropt.allocator import reserved_ratio
 from tensoropt.budget import InfeasibleBudget
+from tensoropt.hardware import get_device
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,14 @@ def test_frontier_is_strictly_pareto(gpt_frontier):
     # the frontier's memory is each plan's peak; the end of the forward pass is a breakdown column
     assert list(df["memory_bytes"]) == [p.peak_memory_bytes for p in gpt_frontier.plans] == list(m)
     assert list(df["forward_end_bytes"]) == [p.memory_bytes for p in gpt_frontier.plans]
+    # what the caching allocator would reserve on the GPU: above the peak, by the allocator's rule
+    ratio = reserved_ratio(get_device("A100-80GB"))
+    assert ratio > 1 and list(df["reserved_bytes"]) == [p.peak_memory_bytes * ratio for p in gpt_frontier.plans]
+
+
+def test_a_cpu_frontier_reserves_what_it_allocates(gpt_cpu_frontier):
+    df = gpt_cpu_frontier.to_pandas()
+    assert list(df["reserved_bytes"]) == list(df["memory_bytes"])
 
 
 def test_no_plan_is_dominated_in_time_and_peak_memory():
