@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from tensoropt.cost_terms import CostTerms
@@ -67,3 +69,31 @@ def test_published_report_holds_its_targets_as_stated():
     assert held and not set(r["case_id"] for r in held) & set(fit_terms["meta"]["fitted_on"])
     errs = [abs(r["calibrated_s"] / r["published_s"] - 1) for r in held]
     assert np.median(errs) == pytest.approx(doc["fitted"]["held_out"]["median_abs_error"])
+
+
+def test_published_memory_rows_compare_like_with_like():
+    """Every published peak is held against a prediction of the same kind (a reserved figure
+    against the allocator's reserved bytes of the predicted peak), each within 10 %; the
+    reserved ratio the library prices with is the one fitted on the fit split's rows alone."""
+    from pathlib import Path
+
+    from tensoropt.allocator import RESERVED_OVER_ALLOCATED, reserved_bytes
+    from tensoropt.hardware import get_device
+
+    doc = json.loads((Path(__file__).parents[1] / "data" / "validation" / "published.json").read_text())
+    rows = {r["case_id"]: r for r in doc["cases"]}
+    memory, fit = doc["memory"], doc["memory_fit"]
+    assert memory and {m["published_kind"] for m in memory} <= {"reserved", "allocated"}
+    for m in memory:
+        case = rows[m["case_id"]]
+        assert case["published_memory_bytes"] == m["published_bytes"]
+        assert m["predicted_peak_bytes"] == case["predicted_peak_bytes"]
+        if m["published_kind"] == "reserved":
+            device = get_device(case["devices"].split("x")[-1])
+            assert m["predicted_bytes"] == pytest.approx(reserved_bytes(m["predicted_peak_bytes"], device))
+        assert abs(m["predicted_bytes"] / m["published_bytes"] - 1) <= 0.10, m["case_id"]
+    fit_on = [m for m in memory if m["case_id"] in fit["fitted_on"]]
+    assert fit_on and all(rows[m["case_id"]]["role"] == "fit" for m in fit_on)
+    assert fit["held_out"] and not set(fit["held_out"]) & set(fit["fitted_on"])
+    ratios = sorted(m["published_bytes"] / m["predicted_peak_bytes"] for m in fit_on)
+    assert round(float(np.median(ratios)), 4) == RESERVED_OVER_ALLOCATED == fit["priced_with"]
