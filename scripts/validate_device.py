@@ -80,6 +80,8 @@ def cmd_run(args) -> int:
                 plan = Plan.load(path)
                 if device == "cuda":
                     row["allocated_before_bytes"] = torch.cuda.memory_allocated()
+                    # segments earlier cases' leftovers pin stay reserved: the case's own reserved peak is above these
+                    row["reserved_before_bytes"] = torch.cuda.memory_reserved()
                 model = case.build(device)
                 row["recomputed"] = len(recompute_as_planned(model, plan))
                 row.update(measure_step(model, case.inputs(device), steps=args.steps, warmup=args.warmup))
@@ -112,11 +114,25 @@ def _summary(pred, meas) -> dict:
     errs = [float(e) for e in rel_errors(pred, meas)]
     return {"pairs": len(errs), "median_abs_rel_error": median_abs_rel_error(pred, meas),
             "max_abs_rel_error": max(abs(e) for e in errs),
-            "median_rel_error": float(sorted(errs)[len(errs) // 2]), "spearman": spearman(pred, meas)}
+            "median_rel_error": float(sorted(errs)[len(errs) // 2]),
+            "spearman": spearman(pred, meas) if len(errs) > 2 else None}
+
+
+def _own_reserved(row: dict) -> int | None:
+    """What the case itself reserved: its reserved peak above what was reserved before its
+    model was built. Runs that did not record that (before 2026-11-26) count only where
+    nothing was held before: earlier cases' leftover tensors pin whole segments."""
+    if "peak_reserved_bytes" not in row:
+        return None
+    if "reserved_before_bytes" in row:
+        return row["peak_reserved_bytes"] - row["reserved_before_bytes"]
+    return row["peak_reserved_bytes"] if row.get("allocated_before_bytes", 0) == 0 else None
 
 
 def cmd_report(args) -> int:
+    from tensoropt.allocator import reserved_bytes
     from tensoropt.capture.recapture import capture_model
+    from tensoropt.mesh import parse_devices
     from tensoropt.cost_terms import CostTerms
     from tensoropt.plan import Plan
     from tensoropt.validate.device_cases import get_case
@@ -141,6 +157,8 @@ def cmd_report(args) -> int:
                "measured_peak_bytes": peak, "measured_tensor_peak_bytes": r.get("tensor_peak_bytes"),
                "measured_tensor_peak_by_category": r.get("tensor_peak_by_category"),
                "predicted_step_s": plan.time_s, "predicted_peak_bytes": plan.peak_memory_bytes,
+               "measured_reserved_bytes": _own_reserved(r),
+               "predicted_reserved_bytes": reserved_bytes(plan.peak_memory_bytes, parse_devices(plan.devices).device),
                "predicted_breakdown": {k: float(v) for k, v in plan.breakdown.items()},
                "published_terms_step_s": float(published.predict(feats)), "features": feats}
         if args.profile:
@@ -169,6 +187,7 @@ def cmd_report(args) -> int:
     fitted.save(os.path.join(args.dir, "terms_1gpu.json"))
 
     meas_t = [o["measured_step_s"] for o in out]
+    clean = [o for o in out if o["measured_reserved_bytes"] is not None]
     report = {"machine": measured["machine"], "measured_file": os.path.relpath(args.measured, ROOT),
               "step_time": {"datasheet": _summary([o["predicted_step_s"] for o in out], meas_t),
                             "published_terms": _summary([o["published_terms_step_s"] for o in out], meas_t),
@@ -176,6 +195,8 @@ def cmd_report(args) -> int:
               "datasheet_vs_gpu_busy": _summary([o["predicted_step_s"] for o in out],
                                                 [o["measured_kernel_s"] for o in out]),
               "peak_memory": _summary([o["predicted_peak_bytes"] for o in out], [o["measured_peak_bytes"] for o in out]),
+              "reserved_memory": _summary([o["predicted_reserved_bytes"] for o in clean],
+                                          [o["measured_reserved_bytes"] for o in clean]) if clean else None,
               "fitted_terms": {t: getattr(fitted, t) for t in FIT_TERMS},
               "rows": out, "failed": [r for r in measured["rows"] if not r.get("ok")]}
     if args.profile:
@@ -184,9 +205,11 @@ def cmd_report(args) -> int:
     with open(os.path.join(args.dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     for key, s in [*report["step_time"].items(), ("datasheet_vs_gpu_busy", report["datasheet_vs_gpu_busy"]),
-                   ("peak_memory", report["peak_memory"])]:
+                   ("peak_memory", report["peak_memory"])] + ([("reserved_memory", report["reserved_memory"])]
+                                                                 if clean else []):
         print(f"{key:22s} median |error| {s['median_abs_rel_error']:6.1%} (median {s['median_rel_error']:+.1%}), "
-              f"worst {s['max_abs_rel_error']:6.1%}, Spearman {s['spearman']:.2f} ({s['pairs']} pairs)")
+              f"worst {s['max_abs_rel_error']:6.1%}, Spearman {s['spearman'] if s['spearman'] is None else round(s['spearman'], 2)} "
+              f"({s['pairs']} pairs)")
     print("fitted on every pair:", {t: f"{getattr(fitted, t):.3g}" for t in FIT_TERMS})
     return 0
 
