@@ -33,6 +33,8 @@ def _frontier_parser(sub) -> None:
                                                         "(default: 80%% of what is available)")
     p.add_argument("--workers", type=int, default=None, help="processes that solve meshes at once "
                                                             "(default: every CPU this process may use)")
+    p.add_argument("--accumulate", type=int, nargs="*", default=(), metavar="M",
+                   help="micro-batch counts of gradient accumulation (no pipeline stages) to search, e.g. 2 4")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table")
     p.add_argument("--plot", default=None, help="write the frontier plot to this PNG")
     p.add_argument("--out", default=None, help="write the chosen plan (--budget, else the fastest) as JSON")
@@ -58,7 +60,8 @@ def _run_frontier(args) -> int:
                  optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
                  epsilon=args.epsilon,
                  max_mesh_dims=args.max_mesh_dims, recompute_policy=args.recompute_policy,
-                 time_limit_s=args.time_limit, memory_limit=args.memory_limit, workers=args.workers,
+                 accumulate=args.accumulate, time_limit_s=args.time_limit, memory_limit=args.memory_limit,
+                 workers=args.workers,
                  progress=False if args.no_progress else None)
     df = f.to_pandas()
     if args.format == "csv":

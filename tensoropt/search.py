@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .accumulation import accumulation_counts, accumulation_jobs_on
 from .allocator import reserved_ratio
 from .budget import InfeasibleBudget
 from .cost_terms import CostTerms
@@ -37,7 +38,7 @@ from .frontiers import Frontier
 from .mesh import Cluster, parse_devices
 from .engine import memguard
 from .engine.memguard import memory_cap
-from .mesh_search import mesh_cases, mesh_jobs, mesh_jobs_on, show_progress
+from .mesh_search import mesh_cases, mesh_jobs, mesh_jobs_on, show_progress, zero_stages
 from .opgraph import OpGraph
 from .pipeline import pipeline_job, pipeline_jobs, pipeline_shapes
 from .plan import Plan
@@ -73,6 +74,7 @@ def frontier(
     recompute: bool = True,
     recompute_policy: str = "full",
     pipeline: bool = True,
+    accumulate: Sequence[int] = (),
     time_limit_s: float | None = None,
     progress: bool | None = None,
     references: bool = True,
@@ -102,7 +104,9 @@ def frontier(
     it never reaches the frontier), ``recompute`` (activation recomputation per repeated block),
     ``recompute_policy`` (what a recomputed block keeps, ``tensoropt.recompute``: ``"full"``
     its input; ``"op"`` torchtitan's per-operator selective policy, also the outputs of its
-    attention kernels and of every other linear), ``pipeline`` (pipeline stages over the repeated blocks, 1F1B), ``time_limit_s``,
+    attention kernels and of every other linear), ``pipeline`` (pipeline stages over the repeated blocks, 1F1B), ``accumulate``
+    (micro-batch counts, e.g. ``(2, 4)``, of gradient accumulation without pipeline stages to
+    try on every mesh and ZeRO stage, ``tensoropt.accumulation``; none by default), ``time_limit_s``,
     ``progress``, ``references``, ``memory_limit`` (the resident memory the search may hold,
     e.g. ``"8GB"``; by default 80 % of what the machine has available: past it the search stops
     with :class:`~tensoropt.engine.memguard.SearchMemoryExceeded`, saying what to change) and
@@ -125,7 +129,8 @@ def frontier(
     options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, calibration=calibration,
                             epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
-                            recompute_policy=check_policy(recompute_policy), pipeline=pipeline, time_limit_s=time_limit_s, progress=progress, references=references,
+                            recompute_policy=check_policy(recompute_policy), pipeline=pipeline,
+                            accumulate=tuple(int(m) for m in accumulate), time_limit_s=time_limit_s, progress=progress, references=references,
                             memory_limit=memory_limit, prune_meshes=prune_meshes, workers=workers)
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
@@ -203,7 +208,10 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
     """Every mesh problem and pipeline shape as a job (``search_jobs``), bounded, then solved
     fastest bound first; one progress bar over both phases."""
     shapes = pipeline_shapes(ctx.graph, cluster, space) if options.pipeline and recapture is not None else []
-    n_jobs = len(mesh_cases(cluster, space, options)) + len(shapes)
+    counts = accumulation_counts(ctx.graph.batch_size, options.accumulate) if recapture is not None else []
+    accumulating = [(m, mesh) for m in counts for mesh in space.meshes(cluster)]
+    n_jobs = (len(mesh_cases(cluster, space, options)) + len(shapes)
+              + sum(len(zero_stages(mesh, options)) for _, mesh in accumulating))
     bar = None
     if show_progress(options.progress):
         from tqdm.auto import tqdm
@@ -214,13 +222,19 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
             bar.set_postfix_str("bounding")
         workers = options.worker_count()
         if workers > 1 and can_fork() and n_jobs > 1:
-            problems, jobs = _built_in_workers(ctx, recapture, cluster, space, cost_for, options, shapes, workers,
-                                               bar)
+            problems, jobs = _built_in_workers(ctx, recapture, cluster, space, cost_for, options, shapes,
+                                               accumulating, workers, bar)
         else:
             problems, jobs = mesh_jobs(ctx, cluster, space, cost_for, options, bar)
             memguard.check()
             if shapes:
                 jobs += pipeline_jobs(ctx, recapture, cluster, space, cost_for, options, bar)
+            for m, mesh in accumulating:
+                built = accumulation_jobs_on(replace(ctx, graph=recapture(ctx.graph.batch_size // m)), ctx.graph,
+                                             cluster, space, cost_for, options, m, mesh)
+                jobs += built
+                if bar is not None:
+                    bar.update(len(built))
         candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes, workers=workers)
     finally:
         if bar is not None:
@@ -229,27 +243,31 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
 
 
 def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace,
-                      cost_for, options: SearchOptions, shapes, workers: int, bar):
-    """What ``mesh_jobs`` and ``pipeline_jobs`` build, in the same order, built in forked
-    workers (``search_pool.fork_map``); the model at each micro-batch size is captured here
-    first (capture runs torch, which stays in this process)."""
+                      cost_for, options: SearchOptions, shapes, accumulating, workers: int, bar):
+    """What ``mesh_jobs``, ``pipeline_jobs`` and the accumulation jobs build, in the same
+    order, built in forked workers (``search_pool.fork_map``); the model at each micro-batch
+    size is captured here first (capture runs torch, which stays in this process)."""
     mb_ctx = {}
-    for _, m, _ in shapes:
+    for m in [m for _, m, _ in shapes] + [m for m, _ in accumulating]:
         if m not in mb_ctx:
             mb_ctx[m] = replace(ctx, graph=recapture(ctx.graph.batch_size // m))
     memguard.check()
     calls = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
     calls += [partial(pipeline_job, mb_ctx[m], cluster, space, cost_for, options, p, m, mesh) for p, m, mesh in shapes]
+    calls += [partial(accumulation_jobs_on, mb_ctx[m], ctx.graph, cluster, space, cost_for, options, m, mesh)
+              for m, mesh in accumulating]
 
     def done(result) -> None:
         if bar is not None:
-            bar.update(len(result[1]) if isinstance(result, tuple) else 1)
+            bar.update(len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, list) else 1)
     built = fork_map(calls, workers, done)
     problems, jobs = [], []
     for result in built:
         if isinstance(result, tuple):
             problems += result[0]
             jobs += result[1]
+        elif isinstance(result, list):
+            jobs += result
         else:
             jobs.append(result)
     return problems, jobs

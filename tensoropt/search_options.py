@@ -47,6 +47,10 @@ class SearchOptions:
     recompute_policy: str = "full"
     #: also search pipeline stages over the repeated blocks (``tensoropt.pipeline``)
     pipeline: bool = True
+    #: micro-batch counts of gradient accumulation without pipeline stages to search on every
+    #: mesh and ZeRO stage (``tensoropt.accumulation``); counts that do not divide the batch are
+    #: left out
+    accumulate: tuple[int, ...] = ()
     #: seconds for the whole search (every mesh, stage count and device count); None: no limit
     time_limit_s: float | None = None
     #: a progress bar; None: when stderr is a terminal

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
+from .accumulation import accumulated, accumulation_problem
 from .mesh import Cluster, mesh_for
 from .opgraph import OpGraph
 from .pipeline import pipeline_plan_of, stage_cluster
@@ -138,17 +139,10 @@ def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: C
 
 def _accumulated(ctx: PlanContext, micro: OpGraph, mesh, cm, m: int, choose, zero: int, recompute: bool,
                  policy: str) -> Plan:
-    """Gradient accumulation over ``m`` micro-batches: each computes as the model at the
-    micro-batch size does, gradients are reduced once per step (the operators' own figures
-    stay per micro-batch, as a pipeline stage's do)."""
-    problem = build_problem(micro, mesh, cm, zero_stage=zero, recompute=recompute, comm_factor=1.0 / m,
-                            accumulates=True, recompute_policy=policy)
+    """Gradient accumulation over ``m`` micro-batches (``tensoropt.accumulation``)."""
+    problem = accumulation_problem(micro, mesh, cm, m, zero, recompute, policy)
     plan = plan_from_assignment(replace(ctx, graph=micro), problem, choose(micro, problem), microbatches=m)
-    b = dict(plan.breakdown)
-    for k in ("compute_s", "recompute_s", "relayout_s"):      # per micro-batch; comm_s is per step
-        b[k] = b.get(k, 0.0) * m
-    return replace(plan, time_s=(plan.time_s - ctx.fixed_s) * m + ctx.fixed_s, breakdown=b, microbatches=m,
-                   training={**plan.training, "batch_size": ctx.graph.batch_size}, inputs=ctx.graph.inputs)
+    return accumulated(plan, m, ctx.fixed_s, ctx.graph.batch_size, ctx.graph.inputs)
 
 
 def setup_assignment(graph: OpGraph, problem: MeshProblem, roles: Sequence[str], sequence_parallel: bool,

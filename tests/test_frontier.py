@@ -284,3 +284,24 @@ def test_time_limit_is_stated_for_the_whole_search():
         tensoropt.frontier("gpt-tiny", "4xA100-80GB", time_limit_s=0.001, progress=False)
     msg = str(err.value)
     assert "time_limit_s=0.001" in msg and "gpt-tiny on 4xA100-80GB" in msg and "while solving mesh" in msg
+
+
+def test_gradient_accumulation_widens_the_frontier_and_prices_as_plan_for_does(gpt_cpu_frontier):
+    """``accumulate=(2,)``: every mesh and ZeRO stage also at 2 micro-batches a step without
+    pipeline stages. The space only grows, so every plan of the frontier without it is matched
+    or beaten; a user's accumulating plan (``plan_for``) lies in the space, so a plan at least
+    as fast fits its memory."""
+    f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False, accumulate=(2,))
+    accumulating = [p for p in f.plans if p.microbatches > 1]
+    assert accumulating and all(p.microbatches == 2 and not p.stages and " mb2" in p.summary for p in accumulating)
+    assert {p.training["batch_size"] for p in f.plans} == {gpt_cpu_frontier.plans[0].training["batch_size"]}
+    for p in accumulating:
+        b = p.breakdown
+        assert p.time_s == pytest.approx(b["compute_s"] + b["recompute_s"] + b["comm_s"] + b["relayout_s"]
+                                         + b["update_s"], rel=1e-9)
+    for p in gpt_cpu_frontier.plans:
+        assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.peak_memory_bytes <= p.peak_memory_bytes * (1 + 1e-12)
+                   for q in f.plans), p.summary
+    assert len(f) > len(gpt_cpu_frontier)
+    yours = tensoropt.plan_for("gpt-tiny", "cpu:2", dp=2, microbatches=2)
+    assert f.best(yours.peak_memory_bytes).time_s <= yours.time_s * (1 + 1e-12)
