@@ -166,11 +166,13 @@ def plot(rows, terms, held_ids) -> None:
     fig.savefig(PLOT, dpi=110)
 
 
-def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False) -> None:
+def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False,
+                    accumulate: tuple[int, ...] = ()) -> None:
     """Each case's plan, priced with the fitted terms, against the frontier searched with the
     same terms at its memory: on the frontier, within 5 %, or how much faster the frontier
     is and with which plan (``datasheet``: both priced by the datasheet model instead, to
-    tell a win of the layout from one of the fitted terms). Stored under
+    tell a win of the layout from one of the fitted terms; ``accumulate``: micro-batch counts
+    of gradient accumulation the search tries too). Stored under
     ``frontier_checks`` in published.json."""
     doc = json.loads(OUT.read_text())
     found = {c.case_id: c for c in cases()[0]}
@@ -187,10 +189,10 @@ def frontier_checks(ids: list[str], max_mesh_dims: int, datasheet: bool = False)
         # a per-operator recomputation plan is held against the frontier of that policy
         policy = "op" if case.setup.get("recompute") == "op" else "full"
         f = frontier_of(case, calibration=terms, max_mesh_dims=max_mesh_dims, progress=False,
-                        recompute_policy=policy)
+                        recompute_policy=policy, accumulate=accumulate)
         best = f.fastest_within(mine.peak_memory_bytes)
         row = {"case_id": cid, "model": "datasheet" if datasheet else f"gpu_terms_{gen}.json", "devices": case.devices, "setup": case.setup, "max_mesh_dims": max_mesh_dims,
-               "recompute_policy": policy,
+               "recompute_policy": policy, "accumulate": list(accumulate),
                "search_space": f.stats.get("search_space"), "search_s": time.time() - start,
                "published_plan": mine.summary, "published_plan_s": mine.time_s,
                "published_plan_peak_bytes": mine.peak_memory_bytes, "frontier_plans": len(f.plans)}
@@ -259,9 +261,11 @@ def main() -> None:
                                                   "(searched with the fitted terms)")
     ap.add_argument("--max-mesh-dims", type=int, default=2)
     ap.add_argument("--datasheet", action="store_true", help="frontier checks with the datasheet model")
+    ap.add_argument("--accumulate", type=int, nargs="*", default=(),
+                    help="frontier checks: micro-batch counts of gradient accumulation to search too")
     args = ap.parse_args()
     if args.frontier:
-        frontier_checks(args.frontier, args.max_mesh_dims, args.datasheet)
+        frontier_checks(args.frontier, args.max_mesh_dims, args.datasheet, tuple(args.accumulate))
         return
     rows, skipped = priced_rows(args.reuse, args.only)
     timed = [r for r in rows if "predicted_s" in r and r.get("published_s")]
