@@ -1,9 +1,11 @@
 """Gradient accumulation without pipeline stages: a step of ``m`` micro-batches on one mesh.
 
 Each micro-batch computes as the model at the micro-batch size does and keeps that size's
-activations; gradients are reduced once per step (the cost graph's gradient traffic scaled by
-1/m, so m micro-batches add up to one reduction). A plan's time is its micro-batch's times m,
-plus the fixed cost once. ``setups`` prices a plan someone runs this way
+activations. Without ZeRO, gradients are reduced once per step (the cost graph's gradient
+traffic scaled by 1/m, so m micro-batches add up to one reduction); under ZeRO every
+micro-batch gathers and reduces (``execution.syncs_gradients_once``, which the apply layer
+runs by). The optimizer steps once. A plan's time is its micro-batch's
+times m, plus the fixed cost once. ``setups`` prices a plan someone runs this way
 (``plan_for(..., microbatches=m)``) and the search (``frontier(..., accumulate=(2, 4))``)
 tries every mesh and ZeRO stage at each count; the apply layer runs the m micro-batches of a
 step and steps the optimizer once.
@@ -20,6 +22,7 @@ import numpy as np
 from .costmodel import CostModel
 from .engine import memguard
 from .engine.bounds import lower_bound
+from .execution import syncs_gradients_once
 from .mesh import Cluster, Mesh
 from .mesh_search import zero_stages
 from .opgraph import OpGraph
@@ -44,15 +47,20 @@ def accumulation_problem(micro: OpGraph, mesh: Mesh, cm: CostModel, m: int, zero
                          recompute_policy: str = "full", batch_only_axes: tuple[int, ...] = ()) -> MeshProblem:
     """The cost graph of one micro-batch (``micro``: the model at the micro-batch size) of a
     step that accumulates ``m``."""
-    return build_problem(micro, mesh, cm, zero_stage=zero_stage, recompute=recompute, comm_factor=1.0 / m,
-                         accumulates=True, recompute_policy=recompute_policy, batch_only_axes=batch_only_axes)
+    comm_factor = 1.0 / m if syncs_gradients_once(zero_stage) else 1.0
+    return build_problem(micro, mesh, cm, zero_stage=zero_stage, recompute=recompute, comm_factor=comm_factor,
+                         accumulates=True, recompute_policy=recompute_policy, batch_only_axes=batch_only_axes,
+                         update_factor=1.0 / m)
 
 
 def accumulated(plan: Plan, m: int, fixed_s: float, batch_size: int, inputs) -> Plan:
     """A micro-batch's plan (priced on ``accumulation_problem``) as the step of ``m``:
-    compute, recomputation and re-layouts run per micro-batch; gradient traffic is per step."""
+    compute, recomputation and re-layouts run per micro-batch, and an operator's own
+    collectives too under ZeRO; the optimizer's update is per step."""
     b = dict(plan.breakdown)
-    for k in ("compute_s", "recompute_s", "relayout_s"):
+    per_micro = ("compute_s", "recompute_s", "relayout_s") + (() if syncs_gradients_once(plan.zero_stage)
+                                                             else ("comm_s",))
+    for k in per_micro:
         b[k] = b.get(k, 0.0) * m
     mesh_part, _, rest = plan.summary.partition(" ")
     return replace(plan, time_s=(plan.time_s - fixed_s) * m + fixed_s, breakdown=b, microbatches=m,

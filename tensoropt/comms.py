@@ -33,12 +33,14 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
+from .execution import syncs_gradients_once
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
 from .strategy import OpConfig, output_placements, term_placements
-from .traffic import (Collective, aligned, edge_collectives, grad_partial, operator_collectives, owners,
-                      relayout_collectives, tied_grad_move, tied_use_collectives, tied_use_label, tied_uses)
+from .traffic import (Collective, aligned, edge_collectives, grad_partial, is_gradient_reduction,
+                      operator_collectives, owners, relayout_collectives, tied_grad_move, tied_use_collectives,
+                      tied_use_label, tied_uses)
 from .training import TrainingConfig
 
 __all__ = ["Collective", "predicted_collectives", "issued_collectives", "summarize", "summarize_for_backend",
@@ -62,9 +64,22 @@ def _operator_collectives(plan: Plan, graph: OpGraph, cfgs, training: TrainingCo
     return out
 
 
+def _per_step(plan: Plan, micro_batch: list[Collective]) -> list[Collective]:
+    """One micro-batch's collectives as a step of ``plan.microbatches`` runs them (no pipeline
+    stages): each micro-batch issues its own, except the gradient reductions that run once
+    per step (``execution.syncs_gradients_once``)."""
+    m = plan.microbatches
+    if m <= 1:
+        return micro_batch
+    once = [c for c in micro_batch if syncs_gradients_once(plan.zero_stage or 0) and is_gradient_reduction(c)]
+    every = [c for c in micro_batch if not any(c is o for o in once)]
+    return once + every * m
+
+
 def predicted_collectives(plan: Plan, graph: OpGraph) -> list[Collective]:
     """Every collective the cost model prices for one training step of ``plan`` (see module
-    doc). ``graph``: the model's captured OpGraph (``tensoropt.capture.capture``)."""
+    doc). ``graph``: the model's captured OpGraph (``tensoropt.capture.capture``) at the batch
+    one pass runs: for a plan accumulating micro-batches, one micro-batch."""
     cfgs = _configs(plan, graph)
     training = TrainingConfig.of_plan(plan.training)
     shape = tuple(plan.mesh_shape)
@@ -73,13 +88,13 @@ def predicted_collectives(plan: Plan, graph: OpGraph) -> list[Collective]:
         out += edge_collectives(graph, e, cfgs[e.src], cfgs[e.dst], shape, training)
     for i, k in tied_uses(graph):
         out += tied_use_collectives(graph.operators[i], k, cfgs[i], shape, training)
-    return out
+    return _per_step(plan, out)
 
 
 def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Collective]:
     """The collectives ``tensoropt.apply`` issues for one step of ``plan`` laid out in
     ``apply_mode`` ("replicate" or "dtensor", ``execution.apply_mode``); see the module doc
-    for how they differ from :func:`predicted_collectives`."""
+    for how they differ from :func:`predicted_collectives`. ``graph`` as there."""
     if apply_mode not in ("replicate", "dtensor"):
         raise ValueError(f"apply_mode must be 'replicate' or 'dtensor', got {apply_mode!r}")
     cfgs = _configs(plan, graph)
@@ -98,7 +113,7 @@ def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Coll
     out += _tied_uses_as_run(graph, cfgs, shape, training, apply_mode)
     if math.prod(shape) > 1:
         out += _loss_value(graph, cfgs[-1], shape, apply_mode)
-    return out
+    return _per_step(plan, out)
 
 
 def _tied_uses_as_run(graph: OpGraph, cfgs, shape, training: TrainingConfig, apply_mode: str) -> list[Collective]:

@@ -14,9 +14,19 @@ from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, label_sizes
 
 __all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated",
-           "apply_mode"]
+           "apply_mode", "syncs_gradients_once"]
 
 _BATCH_STAT_NORMS = ("batch_norm",)
+
+
+def syncs_gradients_once(zero_stage: int) -> bool:
+    """Whether a step accumulating micro-batches reduces parameter gradients once, after the
+    last micro-batch (gradient sync off for the others: FSDP2 ``replicate``, DTensor
+    execution), rather than after every micro-batch. Under ZeRO (FSDP2 ``fully_shard``, or
+    sharded storage on model-parallel plans) every micro-batch gathers its parameters and
+    reduces its gradients: turning sync off there would keep each group's whole gradients
+    until the last micro-batch, which is not the memory ZeRO is priced at."""
+    return zero_stage == 0
 
 
 def aten_base(aten: str) -> str:

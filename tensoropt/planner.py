@@ -131,11 +131,12 @@ def _signature(op: Operator, owns: bool) -> tuple:
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
                   recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0,
                   batch_only_axes: tuple[int, ...] = (), accumulates: bool = False,
-                  recompute_policy: str = "full") -> MeshProblem:
+                  recompute_policy: str = "full", update_factor: float | None = None) -> MeshProblem:
     """``recompute_policy``: what a recomputed unit keeps (``recompute.POLICIES``).
     ``activation_factor`` multiplies saved activations (micro-batches in flight in a
     pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
-    iteration, where the rest of a stage's cost is per micro-batch). ``batch_only_axes``:
+    iteration, where the rest of a stage's cost is per micro-batch) and ``update_factor``
+    (default ``comm_factor``) the optimizer's update. ``batch_only_axes``:
     mesh axes on which operators may only split the batch or replicate (data parallel);
     ``accumulates``: parameter gradients are summed over micro-batches (each micro-batch's
     gradient is a temporary before it is added)."""
@@ -173,9 +174,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     in_unit = {i for _, ops in units for i in ops}
     kept = returned_ops(graph, accumulates)
     nodes = []
+    update_factor = comm_factor if update_factor is None else update_factor
     for i, (op, cs) in enumerate(zip(graph.operators, costs)):
         act = 0.0 if i in in_unit else activation_factor
-        table = np.array([[c.compute_s + comm_factor * (c.comm_s + c.update_s), c.memory_bytes + (act - 1) * c.activation_bytes
+        table = np.array([[c.compute_s + comm_factor * c.comm_s + update_factor * c.update_s, c.memory_bytes + (act - 1) * c.activation_bytes
                            + (c.output_bytes if i in kept else 0.0)] for c in cs])
         if i in tied:
             table[:, 0] += tied[i]

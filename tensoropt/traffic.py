@@ -81,6 +81,12 @@ class Collective:
 Move = tuple[Collective, ...]
 
 
+def is_gradient_reduction(c: Collective) -> bool:
+    """A parameter's gradient reduction (``operator_moves``: "grad NAME"), not a tied use's
+    own gradient move ("grad of ...", :func:`tied_grad_move`)."""
+    return c.where.startswith("grad ") and not c.where.startswith("grad of ")
+
+
 def flatten(moves: list[Move]) -> list[Collective]:
     return [c for move in moves for c in move]
 

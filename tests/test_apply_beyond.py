@@ -43,13 +43,14 @@ CASES_2 = ["mlp:zero3_mp", "mlp:zero2_mp", "gpt:rc_mp", "gpt:pp", "gpt:pp_rc@las
            "gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
            "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
            "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
-           "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2"]
+           "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2",
+           "gpt-big:setup_dp2_zero2_mb2"]
 MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "mlp-big:zero3_mp@last", "gpt-big:pp_rc@last", "gpt-big:tied_copy",
              "gpt-big:setup_tp2_sp_rc", "gpt-big:setup_dp2_zero2", "gpt-big:setup_dp2_zero3",
              "mlp-big:setup_dp2_zero2", "gpt-big:setup_tp2_rcop", "gpt-big:setup_dp2_zero3_rcop",
              "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2"]
 CASES_4 = ["mlp-big:zero3_mp@last", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
-           "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp"]
+           "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp", "gpt:setup_dp2_tp2_mb2"]
 MEASURE_4 = ["mlp-big:zero3_mp@last"]
 # (case, world) whose measured peak must be within 10 % of Plan.peak_memory_bytes: resident
 # state + saved activations + the backward pass's rise
@@ -130,6 +131,24 @@ def test_cases_cover_zero_recompute_pipelines(results_2, results_4):
     accumulated = [r for r in res if r["microbatches"] > 1 and not r["stages"]]
     assert {r["mode"] for r in accumulated} >= {"dtensor"} and len(accumulated) >= 2
     assert all(r["whole_batch_refused"] for r in accumulated)
+
+
+ACCUMULATING = [("gpt-big:setup_tp2_mb2", 2), ("gpt-big:setup_dp2_mb2", 2), ("gpt-big:setup_dp2_zero2_mb2", 2),
+                ("gpt:setup_dp2_tp2_mb2", 4)]
+
+
+@pytest.mark.parametrize("case,world", ACCUMULATING)
+def test_accumulating_plans_issue_what_is_priced(results_2, results_4, case, world):
+    """A step of 2 micro-batches: gradients reduced once where the plan has no ZeRO (sync off
+    for the first micro-batch: FSDP2 replicate, DTensor's deferred reduction), every
+    micro-batch under ZeRO; the rest each micro-batch. Bytes by kind as counted by
+    CommDebugMode against ``comms.issued_collectives`` on the micro-batch's graph."""
+    res = (results_2 if world == 2 else results_4)[case]
+    assert res["ok"], res.get("error")
+    pred, meas = res["predicted"], res["measured"]
+    assert set(pred) == set(meas), (pred, meas)
+    for kind in pred:
+        assert meas[kind]["bytes"] == pytest.approx(pred[kind]["bytes"], rel=0.05), (kind, pred, meas)
 
 
 def _memory(results_2, results_4, case, world):

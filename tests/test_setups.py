@@ -76,6 +76,20 @@ def test_gradient_accumulation_computes_per_micro_batch_and_reduces_once():
     assert acc.breakdown["comm_s"] < 2 * whole.breakdown["comm_s"]
 
 
+@pytest.mark.parametrize("zero,reductions", [(0, 1), (2, 2), (3, 2)])
+def test_accumulation_reduces_once_without_zero_and_every_micro_batch_under_it(zero, reductions):
+    """The gradient and parameter bytes do not depend on the batch: two micro-batches pay the
+    whole batch's operator collectives once without ZeRO (sync off for the first), twice
+    under ZeRO (FSDP2 gathers and reduce-scatters each micro-batch); the optimizer steps once
+    and its state is the same."""
+    whole = plan_for("gpt-tiny", "4xA100-80GB", dp=4, zero=zero)
+    acc = plan_for("gpt-tiny", "4xA100-80GB", dp=4, zero=zero, microbatches=2)
+    assert whole.breakdown["comm_s"] > 0
+    assert acc.breakdown["comm_s"] == pytest.approx(reductions * whole.breakdown["comm_s"], rel=1e-9)
+    for k in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        assert acc.breakdown[k] == pytest.approx(whole.breakdown[k], rel=1e-9)
+
+
 def test_full_recomputation_and_zero():
     rc = plan_for("gpt-tiny", DEVICES, tp=2, recompute="full")
     assert len(rc.recompute) == 2 and rc.breakdown["recompute_s"] > 0

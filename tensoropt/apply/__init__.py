@@ -26,11 +26,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten
 
 from ..capture.inputs import loss_of
 from ..capture.signature import param_signature
+from ..execution import syncs_gradients_once
 from ..opgraph import rebatch_spec
 from ..plan import Plan
 from .layout import PlanNotApplicable, apply_plan, layout_of, plan_layout, split_batch
@@ -127,15 +129,33 @@ def train_step(model, *args, **kwargs):
     if accumulate is not None:
         m, batch = accumulate
         total = 0.0
-        for part_args, part_kwargs in split_batch((args, kwargs), batch, m):
-            loss = loss_of(model(*part_args, **part_kwargs))
-            (loss / m).backward()
-            total = total + loss.detach()
+        try:
+            for k, (part_args, part_kwargs) in enumerate(split_batch((args, kwargs), batch, m)):
+                _gradient_sync(model, k == m - 1)
+                loss = loss_of(model(*part_args, **part_kwargs))
+                (loss / m).backward()
+                total = total + loss.detach()
+        finally:
+            _gradient_sync(model, True)
         return total / m
     out = model(*args, **kwargs)
     loss = loss_of(out)
     loss.backward()
     return loss
+
+
+def _gradient_sync(model: nn.Module, on: bool) -> None:
+    """Gradient reductions on or off for the next micro-batch's backward, where the plan
+    reduces gradients once per step (``execution.syncs_gradients_once``)."""
+    layout = layout_of(model)
+    if layout is None or not syncs_gradients_once(getattr(layout.plan, "zero_stage", 0) or 0):
+        return
+    runner = getattr(model, "_tensoropt_runner", None)
+    if runner is not None:
+        runner.defer_grad_sync = not on
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(on, recurse=False)
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:

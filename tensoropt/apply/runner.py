@@ -114,6 +114,9 @@ class ProgramRunner:
         self.storage: dict[str, tuple[str, ...]] = {}
         self.params_by_id: dict[int, str] = {}
         self.recomputing = 0
+        # accumulating micro-batches without ZeRO: gradients stay partial sums until the last
+        # one's backward (``execution.syncs_gradients_once``), then are reduced once
+        self.defer_grad_sync = False
         self.replaying: set[str] | None = None     # in a recomputed forward: values it must not write
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
@@ -165,6 +168,13 @@ class ProgramRunner:
 
     # ---------------------------------------------------------------- setup
 
+    def _reduce_partial_grad(self, p: torch.Tensor) -> None:
+        g = p.grad
+        if self.defer_grad_sync:
+            return
+        if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
     def install_parameters(self, names: set[str] | None = None) -> dict[str, nn.Parameter]:
         """Replace the model's parameters (those in ``names``, all by default) by DTensor
         parameters with their planned (or ZeRO storage) placements; returns them by name."""
@@ -184,7 +194,7 @@ class ProgramRunner:
             pls = pls or (planned.REPLICATE,) * len(self.layout.mesh_shape)
             new = nn.Parameter(distribute_tensor(p.data, mesh, [to_placement(x) for x in pls]),
                                requires_grad=p.requires_grad)
-            new.register_post_accumulate_grad_hook(_reduce_partial_grad)
+            new.register_post_accumulate_grad_hook(self._reduce_partial_grad)
             for a in aliases:
                 mod_name, _, leaf = a.rpartition(".")
                 setattr(model.get_submodule(mod_name) if mod_name else model, leaf, new)
@@ -356,7 +366,10 @@ class ProgramRunner:
         if x.requires_grad:
             x = _ContiguousGrad.apply(x)        # redistribute's backward may slice non-contiguously
         want = [to_placement(p) for p in o.want[j]]
-        x = x.redistribute(self.mesh, want)
+        if o.param_names[j] is None or tuple(x.placements) != tuple(want):
+            # (a parameter used in its stored layout gets its gradient as partial sums, which
+            # its post-accumulate hook reduces: once per step when micro-batches defer it)
+            x = x.redistribute(self.mesh, want)
         gpl = [Partial() if o.grad_partial[j][a] else to_placement(o.want[j][a]) for a in range(self.mesh.ndim)]
         local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
         if o.param_names[j] is None and local.untyped_storage().nbytes() > local.numel() * local.element_size():
@@ -673,10 +686,3 @@ class _OwnGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g.clone(memory_format=torch.contiguous_format)
-
-
-def _reduce_partial_grad(p: torch.Tensor) -> None:
-    g = p.grad
-    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
-        p.grad = g.redistribute(p.device_mesh, p.placements)
-

@@ -45,7 +45,8 @@ from plan_worker import (LR, MODELS, get_frontier, make_inputs, make_model, rel_
 import tensoropt  # noqa: E402
 from tensoropt.capture import capture  # noqa: E402
 
-from tensoropt.apply import full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
+from tensoropt.apply import count_collectives, full_grads, parallelize, step_peak_memory, train_step  # noqa: E402
+from tensoropt.comms import issued_collectives, summarize_for_backend  # noqa: E402
 from tensoropt.execution import apply_mode  # noqa: E402
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
 from tensoropt.strategy import OpConfig  # noqa: E402
@@ -138,6 +139,11 @@ def baseline_of(plan, which: str):
     return dataclasses.replace(plan, **kw)
 
 
+def rebatched(inputs, m: int):
+    """The inputs cut to one of ``m`` micro-batches along dimension 0."""
+    return tuple(t[: t.shape[0] // m] if isinstance(t, torch.Tensor) and t.dim() else t for t in inputs)
+
+
 def build(key: str, plan, graph):
     """(step() -> loss, params, grads() -> full grads) for a laid-out copy of the model."""
     model = make_model(key)
@@ -179,7 +185,19 @@ def run_case(case: str, world: int, measure: bool) -> dict:
             res["whole_batch_refused"] = False
         except ValueError as e:
             res["whole_batch_refused"] = "train_step" in str(e)
-    loss = step()
+    if plan.microbatches > 1 and not plan.stages:
+        # one step's collectives against what the apply layer issues for m micro-batches
+        # (gradients reduced once per step without ZeRO): counted on the micro-batch's graph
+        out = {}
+        measured = count_collectives(lambda: out.setdefault("loss", step()))
+        loss = out["loss"]
+        micro = capture(make_model(key, "meta"), rebatched(make_inputs(key, "meta"), plan.microbatches),
+                        name=MODELS[key][0])
+        res["predicted"] = summarize_for_backend(issued_collectives(plan, micro, res["mode"]),
+                                                 tuple(plan.mesh_shape), "gloo")
+        res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}
+    else:
+        loss = step()
     res["loss"] = float(loss.detach())
     res["loss_ref"] = float(loss_ref.detach())
     res["loss_rel"] = abs(res["loss"] - res["loss_ref"]) / abs(res["loss_ref"])
