@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..compute import MATMUL_FAMILIES
+from ..execution import syncs_gradients_once
 
 __all__ = ["Case", "cases", "price", "frontier_of", "time_features", "TIME_TERMS", "load_rows", "DATA_DIR"]
 
@@ -220,7 +221,8 @@ def time_features(plan, device: str) -> dict[str, float]:
     """The plan's predicted iteration time split by :data:`TIME_TERMS` (their sum is
     ``plan.time_s``): an operator's figures are per micro-batch, repeated by the pipeline's
     ``microbatches + stages - 1`` slots (its slowest stage) or the accumulation steps;
-    gradient traffic is once per step."""
+    an operator's own collectives are once per step in a pipeline stage, and in accumulation
+    where ``execution.syncs_gradients_once`` (else every micro-batch)."""
     if plan.stages:
         stages = plan.mesh_shape[0]
         slots = plan.microbatches + stages - 1
@@ -231,12 +233,13 @@ def time_features(plan, device: str) -> dict[str, float]:
         slots = plan.microbatches
         ops = plan.ops
         p2p = 0.0
+    comm_times = 1 if plan.stages or syncs_gradients_once(plan.zero_stage or 0) else plan.microbatches
     mm = sum(o.compute_s for o in ops if o.family in MATMUL_FAMILIES)
     f = dict.fromkeys(TIME_TERMS, 0.0)
     f["matmul_h100" if device.startswith("H100") else "matmul_a100"] = slots * mm
     f["other_compute"] = slots * sum(o.compute_s for o in ops if o.family not in MATMUL_FAMILIES)
     f["relayout"] = slots * sum(o.relayout_s for o in ops)
-    f["grad_comm"] = sum(o.comm_s for o in ops)
+    f["grad_comm"] = comm_times * sum(o.comm_s for o in ops)
     f["p2p"] = p2p
     return f
 
