@@ -20,6 +20,7 @@ priced with them, so the frontier is exact for the calibrated model.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import replace
 from functools import partial
@@ -130,7 +131,7 @@ def frontier(
                             epsilon=epsilon,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
                             recompute_policy=check_policy(recompute_policy), pipeline=pipeline,
-                            accumulate=tuple(int(m) for m in accumulate), time_limit_s=time_limit_s, progress=progress, references=references,
+                            accumulate=_counts(accumulate), time_limit_s=time_limit_s, progress=progress, references=references,
                             memory_limit=memory_limit, prune_meshes=prune_meshes, workers=workers)
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
@@ -166,6 +167,19 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
     return setup_plan(ctx, recapture, cluster, setup, cost_models(cluster, training, profile, terms), label=label)
 
 
+def _counts(accumulate: Sequence[int]) -> tuple[int, ...]:
+    out, bad = [], []
+    for m in accumulate:
+        try:
+            v = operator.index(m)
+        except TypeError:
+            v = None
+        (bad if v is None or isinstance(m, bool) or v < 1 else out).append(m if v is None else v)
+    if bad:
+        raise ValueError(f"accumulate takes micro-batch counts (positive integers, e.g. (2, 4)), got {bad}")
+    return tuple(out)
+
+
 def _training(options: SearchOptions, cluster: Cluster) -> TrainingConfig:
     precision = options.precision
     if precision is None:
@@ -186,9 +200,12 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
     ctx = PlanContext(graph, training, signature, options.epsilon, label, fixed_s=terms.fixed_s)
 
+    # micro-batch counts of gradient accumulation that divide the batch (the model is captured at each)
+    counts = accumulation_counts(graph.batch_size, options.accumulate) if recapture is not None else []
     advice = MEMORY_ADVICE + (" " + WORKERS_ADVICE if options.worker_count() > 1 else "")
     with memory_cap(options.memory_cap_bytes(), advice):
-        problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, deadline)
+        problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, counts,
+                                                      deadline)
     # one frontier over the step's peak: each candidate's, as its plan will state it
     pts = np.array([(c.time_s, c.peak_bytes) for c in candidates])
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
@@ -198,17 +215,18 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
              "operators": len(graph.operators), "candidates": len(candidates), **job_stats,
              "search_space": space.describe(), "peak_search": dict(ctx.peak_searches),
              "unsupported_ops": list(graph.unsupported), "unpriced_ops": unpriced_ops(graph),
+             "accumulate": counts,
              "calibration": options.calibration}
     return Frontier(graph.name, label, plans, refs, float(cluster.device.memory_bytes), stats,
                     reserved_ratio=reserved_ratio(cluster.device))
 
 
 def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace, cost_for,
-                options: SearchOptions, deadline: Deadline):
-    """Every mesh problem and pipeline shape as a job (``search_jobs``), bounded, then solved
-    fastest bound first; one progress bar over both phases."""
+                options: SearchOptions, counts: Sequence[int], deadline: Deadline):
+    """Every mesh problem and pipeline shape, and every mesh at each of ``counts``
+    accumulated micro-batches, as a job (``search_jobs``), bounded, then solved fastest bound
+    first; one progress bar over both phases."""
     shapes = pipeline_shapes(ctx.graph, cluster, space) if options.pipeline and recapture is not None else []
-    counts = accumulation_counts(ctx.graph.batch_size, options.accumulate) if recapture is not None else []
     accumulating = [(m, mesh) for m in counts for mesh in space.meshes(cluster)]
     n_jobs = (len(mesh_cases(cluster, space, options)) + len(shapes)
               + sum(len(zero_stages(mesh, options)) for _, mesh in accumulating))

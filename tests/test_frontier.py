@@ -291,7 +291,11 @@ def test_gradient_accumulation_widens_the_frontier_and_prices_as_plan_for_does(g
     pipeline stages. The space only grows, so every plan of the frontier without it is matched
     or beaten; a user's accumulating plan (``plan_for``) lies in the space, so a plan at least
     as fast fits its memory."""
-    f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False, accumulate=(2,))
+    with pytest.raises(ValueError, match="micro-batch counts"):
+        tensoropt.frontier("gpt-tiny", "cpu:2", accumulate=(2, 0))
+    # a count that does not divide the batch (8) is left out, and stats say which were searched
+    f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False, accumulate=(2, 3))
+    assert f.stats["accumulate"] == [2] and gpt_cpu_frontier.stats["accumulate"] == []
     accumulating = [p for p in f.plans if p.microbatches > 1]
     assert accumulating and all(p.microbatches == 2 and not p.stages and " mb2" in p.summary for p in accumulating)
     assert {p.training["batch_size"] for p in f.plans} == {gpt_cpu_frontier.plans[0].training["batch_size"]}
