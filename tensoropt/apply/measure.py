@@ -169,8 +169,13 @@ def peak_memory(step_fn: Callable[[], Any], *track: Any, modules: bool = True,
     (MemTracker only). ``modules=False``: MemTracker without its per-module hooks (same
     totals; needed for pipeline stages). ``tensors=True``: MemTracker's live tensors by
     category on CUDA too, instead of the allocator's peak (which also holds library
-    workspaces). Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``.
+    workspaces). Returns ``{"peak_bytes": int, "method": str, "by_category": {...}}``. A
+    tracked model that accumulates micro-batches (``tensoropt.parallelize``) runs each module
+    once per micro-batch, which MemTracker's per-module hooks refuse: it is measured without
+    them.
     """
+    if any(getattr(t, "_tensoropt_accumulate", None) for t in track):
+        modules = False
     if not tensors and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
