@@ -72,6 +72,15 @@ def plan_dirs(frontiers, tmp_path_factory):
             k = next(i for i, p in enumerate(plans) if p.recompute)
             plans[k].save(d / f"resnet-{k}.json")
             cases.append(f"resnet:{k}")
+        if world == 2 and "llama" in NAMES:
+            # searched gradient accumulation (accumulate=(2,)): its fastest and least-memory plans
+            fam = FAMILIES["llama"]
+            plans = tensoropt.frontier(fam.build("meta"), "cpu:2", inputs=fam.inputs(BATCH, "meta"),
+                                       progress=False, pipeline=False, accumulate=(2,)).plans
+            accumulating = [k for k, p in enumerate(plans) if p.microbatches > 1]
+            for k in {accumulating[0], accumulating[-1]}:
+                plans[k].save(d / f"llama-acc{k}.json")
+                cases.append(f"llama:acc{k}")
         dirs[world] = (d, cases)
     return dirs
 
@@ -147,6 +156,19 @@ def test_recomputed_batch_norm_blocks_match_single_process(results):
         assert "rc" in r["plan"]
         assert r["loss_rel"] < TOL and r["grad_max_rel"] < TOL and r["loss3_rel"] < TOL, r
         assert r["buffers_max_rel"] < TOL, (r["buffers_worst"], r["buffers_max_rel"])
+
+
+def test_searched_accumulation_plans_match_single_process(results):
+    """Plans of a search with gradient accumulation on transformers' Llama: parity, and the
+    peak within 10 % (each module runs once per micro-batch: measured without module hooks)."""
+    runs = {c: r for c, r in results[2].items() if c.startswith("llama:acc")}
+    if not runs:
+        pytest.skip("TENSOROPT_FAMILIES leaves out llama")
+    for case, r in runs.items():
+        assert r["ok"], f"{case}: {r.get('error')}\n{r.get('trace', '')}"
+        assert " mb2" in r["plan"], r["plan"]
+        assert r["loss_rel"] < TOL and r["grad_max_rel"] < TOL and r["loss3_rel"] < TOL, r
+        assert abs(r["peak_bytes"] / r["predicted_peak_bytes"] - 1) < MEMORY_TOL, r
 
 
 def test_spread_picks_ends_and_a_pipeline_plan():
