@@ -71,9 +71,10 @@ def _per_step(plan: Plan, micro_batch: list[Collective]) -> list[Collective]:
     m = plan.microbatches
     if m <= 1:
         return micro_batch
-    once = [c for c in micro_batch if syncs_gradients_once(plan.zero_stage or 0) and is_gradient_reduction(c)]
-    every = [c for c in micro_batch if not any(c is o for o in once)]
-    return once + every * m
+    if not syncs_gradients_once(plan.zero_stage or 0):
+        return micro_batch * m
+    return ([c for c in micro_batch if is_gradient_reduction(c)]
+            + [c for c in micro_batch if not is_gradient_reduction(c)] * m)
 
 
 def predicted_collectives(plan: Plan, graph: OpGraph) -> list[Collective]:

@@ -169,9 +169,9 @@ class ProgramRunner:
     # ---------------------------------------------------------------- setup
 
     def _reduce_partial_grad(self, p: torch.Tensor) -> None:
-        g = p.grad
         if self.defer_grad_sync:
             return
+        g = p.grad
         if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
             p.grad = g.redistribute(p.device_mesh, p.placements)
 
