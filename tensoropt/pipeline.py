@@ -173,6 +173,8 @@ def compose_stages(fronts: list[np.ndarray], scale: float, p2p_s: float) -> tupl
             m = max(f[c, 1] for f, c in zip(fronts, choice))
             rows.append((t, m))
             picks.append(choice)
+    if not rows:           # a stage with no point (the ceiling dominated them all): no plan
+        return np.zeros((0, 2)), np.zeros((0, len(fronts)), dtype=np.int64)
     pts = np.array(rows)
     _, _, src = prune_rows(pts[None, :, 0], pts[None, :, 1])
     keep = [int(s) for s in src[0] if s >= 0]

@@ -180,6 +180,14 @@ def test_stage_composition_equals_brute_force():
         assert m == pytest.approx(max(c[1] for c in chosen))
 
 
+def test_a_stage_without_points_composes_to_no_plan():
+    """A stage whose points the frontier found so far all dominate (the search's ceiling)
+    leaves the pipeline shape no plan, not an error."""
+    fronts = [np.array([[1.0, 5.0], [2.0, 3.0]]), np.zeros((0, 2))]
+    pts, picks = compose_stages(fronts, scale=3.0, p2p_s=0.5)
+    assert pts.shape == (0, 2) and picks.shape == (0, 2)
+
+
 def test_pipeline_plans_follow_the_1f1b_formulas():
     from tensoropt.capture.recapture import capture_model
     from tensoropt.plan import Plan
