@@ -34,7 +34,7 @@ from .search_jobs import Job
 from .search_options import SearchOptions
 from .space import SearchSpace
 
-__all__ = ["accumulation_counts", "accumulation_problem", "accumulated", "accumulation_jobs_on"]
+__all__ = ["accumulation_counts", "accumulation_problem", "accumulated", "accumulated_plan", "accumulation_jobs_on"]
 
 
 def accumulation_counts(batch: int, counts: Sequence[int]) -> list[int]:
@@ -90,11 +90,13 @@ def _solve(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProblem, m: in
                           block_groups=block_groups, ceiling=None if ceiling is None else ceiling / [m, 1.0])
     mb_ctx.peak_searches[found.stats["peak_search"]] += 1
     return [Candidate(float(t) * m + mb_ctx.fixed_s, float(mem), float(peak),
-                      partial(_build, mb_ctx, step_graph, problem, a, m, (float(mem), float(peak))))
+                      partial(accumulated_plan, mb_ctx, step_graph, problem, a, m, (float(mem), float(peak))))
             for t, mem, peak, a in zip(found.times, found.memories, found.peaks, found.assignments)]
 
 
-def _build(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProblem, assignment, m: int,
-           held_peak: tuple[float, float]) -> Plan:
+def accumulated_plan(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProblem, assignment, m: int,
+                     held_peak: tuple[float, float] | None = None) -> Plan:
+    """One assignment of ``accumulation_problem`` priced as the step of ``m`` micro-batches
+    (``held_peak``: as ``plan_from_assignment``'s)."""
     plan = plan_from_assignment(mb_ctx, problem, assignment, microbatches=m, held_peak=held_peak)
     return accumulated(plan, m, mb_ctx.fixed_s, step_graph.batch_size, step_graph.inputs)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from .accumulation import accumulated, accumulation_problem
+from .accumulation import accumulated_plan, accumulation_problem
 from .mesh import Cluster, mesh_for
 from .opgraph import OpGraph
 from .pipeline import pipeline_plan_of, stage_cluster
@@ -141,8 +141,7 @@ def _accumulated(ctx: PlanContext, micro: OpGraph, mesh, cm, m: int, choose, zer
                  policy: str) -> Plan:
     """Gradient accumulation over ``m`` micro-batches (``tensoropt.accumulation``)."""
     problem = accumulation_problem(micro, mesh, cm, m, zero, recompute, policy)
-    plan = plan_from_assignment(replace(ctx, graph=micro), problem, choose(micro, problem), microbatches=m)
-    return accumulated(plan, m, ctx.fixed_s, ctx.graph.batch_size, ctx.graph.inputs)
+    return accumulated_plan(replace(ctx, graph=micro), ctx.graph, problem, choose(micro, problem), m)
 
 
 def setup_assignment(graph: OpGraph, problem: MeshProblem, roles: Sequence[str], sequence_parallel: bool,
