@@ -84,7 +84,9 @@ def accumulation_jobs_on(mb_ctx: PlanContext, step_graph: OpGraph, cluster: Clus
 
 
 def _solve(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProblem, m: int, block_groups,
-           time_limit_s: float | None, ceiling: np.ndarray | None = None) -> list[Candidate]:
+           time_limit_s: float | None, ceiling: np.ndarray | None = None,
+           epsilon: float | None = None) -> list[Candidate]:
+    mb_ctx = mb_ctx.approximate(epsilon)
     # a micro-batch point (t, peak) gives a step of time m·t (+ the fixed cost) at that peak
     found = solve_problem(problem, mb_ctx.graph, m, epsilon=mb_ctx.epsilon, time_limit_s=time_limit_s,
                           block_groups=block_groups, ceiling=None if ceiling is None else ceiling / [m, 1.0])

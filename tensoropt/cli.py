@@ -22,6 +22,9 @@ def _frontier_parser(sub) -> None:
     p.add_argument("--budget", default=None, help="memory budget per device, e.g. 40GB or 30GiB: print the "
                                                   "fastest plan that fits")
     p.add_argument("--epsilon", type=float, default=0.0, help="(1+eps)-approximate frontier (default 0: exact)")
+    p.add_argument("--epsilon-fallback", type=float, default=0.01,
+                   help="the eps a mesh or pipeline shape is solved with again where its exact solve passes the "
+                        "memory limit or half the time left (default 0.01; 0: none, such a search stops)")
     p.add_argument("--max-mesh-dims", type=int, default=3)
     p.add_argument("--recompute-policy", choices=("full", "op"), default="full",
                    help="what a recomputed block keeps: its input (full) or, as torchtitan's per-operator "
@@ -58,7 +61,7 @@ def _run_frontier(args) -> int:
 
     f = frontier(args.model, args.devices, batch_size=args.batch_size, precision=args.precision,
                  optimizer=args.optimizer, profile=args.profile, calibration=args.calibration,
-                 epsilon=args.epsilon,
+                 epsilon=args.epsilon, epsilon_fallback=args.epsilon_fallback or None,
                  max_mesh_dims=args.max_mesh_dims, recompute_policy=args.recompute_policy,
                  accumulate=args.accumulate, time_limit_s=args.time_limit, memory_limit=args.memory_limit,
                  workers=args.workers,
@@ -80,7 +83,7 @@ def _run_frontier(args) -> int:
             print("\nreference plans:")
             print(f.references_to_pandas()[["label"] + cols].rename(columns=names)
                   .to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-        print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}")
+        print(f"\nsearch: {f.stats['search_s']:.1f} s over meshes {', '.join(f.stats['meshes'])}; {f.caption()}")
         if f.stats.get("jobs"):
             print(f"jobs: {f.stats['jobs']} (meshes x ZeRO stages, pipeline shapes), {f.stats['skipped']} skipped: "
                   "their lower bounds were dominated by plans already found; "

@@ -69,10 +69,31 @@ class Frontier:
         hold a plan someone runs (``tensoropt.plan_for``) against the frontier at its memory."""
         return fastest_within(self.plans, memory_bytes)
 
+    def caption(self) -> str:
+        """How exact the frontier is: exact, (1+ε)-approximate as asked, or approximate where
+        jobs fell back to an ε (``stats["approximated"]``) -- and what that bound says."""
+        asked = max((p.epsilon for p in self.plans), default=0.0)
+        fell = self.stats.get("approximated") or []
+        if not fell and asked == 0:
+            return "exact frontier"
+        eps = max([asked] + [r["epsilon"] for r in fell])
+        text = (f"(1+ε)-approximate frontier, ε = {eps:g}: every plan the exact search would return has one "
+                f"here no slower with at most {1 + eps:g}x its memory (its peak where its job's peak search was "
+                "exact, stats['peak_search'])")
+        if fell:
+            reasons = sorted({"the memory cap" if r["reason"] == "memory" else "half the time left" for r in fell})
+            text += (f"; {len(fell)} of {self.stats.get('jobs', '?')} jobs solved with ε after their exact "
+                     f"solve passed {' or '.join(reasons)} (stats['approximated'])")
+        return text
+
     def to_pandas(self):
+        """One row per plan (:func:`plan_row`); ``attrs["caption"]`` says how exact the frontier
+        is (:meth:`caption`)."""
         import pandas as pd
 
-        return pd.DataFrame([plan_row(p, self.device_memory_bytes, self.reserved_ratio) for p in self.plans])
+        df = pd.DataFrame([plan_row(p, self.device_memory_bytes, self.reserved_ratio) for p in self.plans])
+        df.attrs["caption"] = self.caption()
+        return df
 
     def references_to_pandas(self):
         import pandas as pd
@@ -87,10 +108,12 @@ class Frontier:
         return plot_frontier(self, ax=ax, memory_budget=memory_budget, **kw)
 
     def __repr__(self) -> str:
+        approx = "" if self.caption() == "exact frontier" else \
+            f", ε = {max([p.epsilon for p in self.plans] + [r['epsilon'] for r in self.stats.get('approximated') or []]):g}"
         return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
                 f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
                 f"{format_bytes(self.plans[0].peak_memory_bytes)}..{format_bytes(self.plans[-1].peak_memory_bytes)} "
-                "peak per device)")
+                f"peak per device{approx})")
 
 
 def plan_row(p: Plan, device_memory: float, reserved_ratio: float = 1.0) -> dict:
@@ -110,5 +133,6 @@ def plan_row(p: Plan, device_memory: float, reserved_ratio: float = 1.0) -> dict
         "mesh": p.mesh,
         "summary": p.summary,
         "fits_device": fits(p, device_memory),
+        "epsilon": p.epsilon,
         **p.breakdown,
     }

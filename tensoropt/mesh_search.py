@@ -68,15 +68,17 @@ def mesh_jobs_on(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_fo
         memguard.check()
         problems.append(problem)
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
-                        partial(_solve, ctx, problem, options.epsilon, space.block_groups, start_at),
+                        partial(_solve, ctx, problem, space.block_groups, start_at),
                         chain=f"mesh {mesh}"))
     return problems, jobs
 
 
-def _solve(ctx: PlanContext, problem: MeshProblem, epsilon: float, block_groups, start_at: dict[str, str],
-           time_limit_s: float | None, ceiling: np.ndarray | None = None) -> list[Candidate]:
+def _solve(ctx: PlanContext, problem: MeshProblem, block_groups, start_at: dict[str, str],
+           time_limit_s: float | None, ceiling: np.ndarray | None = None,
+           epsilon: float | None = None) -> list[Candidate]:
+    ctx = ctx.approximate(epsilon)
     key = str(problem.mesh)
-    found = solve_problem(problem, ctx.graph, epsilon=epsilon, time_limit_s=time_limit_s,
+    found = solve_problem(problem, ctx.graph, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
                           block_groups=block_groups, start_at=start_at.get(key, "exact"), ceiling=ceiling)
     start_at[key] = found.stats["peak_search"]
     ctx.peak_searches[found.stats["peak_search"]] += 1

@@ -290,7 +290,8 @@ def _boundaries(mb_graph: OpGraph, specs, microbatches: int, mesh: Mesh, link, c
 
 def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built, p2p: float, buffers,
                   stages: int, microbatches: int, block_groups, time_limit_s: float | None,
-                  ceiling: np.ndarray | None = None) -> list[Candidate]:
+                  ceiling: np.ndarray | None = None, epsilon: float | None = None) -> list[Candidate]:
+    ctx = ctx.approximate(epsilon)
     scale = microbatches + stages - 1
     fronts, solved = [], []
     start_at = "exact"           # a stage no larger than the one before needs no more

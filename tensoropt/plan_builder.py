@@ -10,7 +10,7 @@ merge of frontiers.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -37,6 +37,11 @@ class PlanContext:
     fixed_s: float = 0.0         # a fixed cost per step (``CostTerms.fixed_s``), added to every plan
     # how many problems each peak search (``peak_search.solve_problem``) served, filled as it runs
     peak_searches: Counter = field(default_factory=Counter, compare=False)
+
+    def approximate(self, epsilon: float | None) -> "PlanContext":
+        """The context of a job solved (1+ε)-approximately (None: as the search asked); its
+        plans say so (``Plan.epsilon``), and it counts peak searches with the rest."""
+        return self if epsilon is None else replace(self, epsilon=epsilon)
 
 
 @dataclass(frozen=True)

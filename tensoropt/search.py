@@ -69,6 +69,7 @@ def frontier(
     profile: str | None = None,
     calibration: str | None = None,
     epsilon: float = 0.0,
+    epsilon_fallback: float | None = 0.01,
     max_mesh_dims: int = 3,
     coarse: bool | None = None,
     zero: bool = True,
@@ -97,7 +98,10 @@ def frontier(
     The other keywords are :class:`~tensoropt.search_options.SearchOptions`' fields:
     ``precision`` (``"bf16-mixed"``, the default on GPUs, or ``"fp32"``, on CPU), ``optimizer``,
     ``profile`` (a measured profile, ``tensoropt profile``, to price compute and collectives
-    with), ``epsilon > 0`` (a (1+ε)-approximate frontier), ``max_mesh_dims``, ``coarse`` (the
+    with), ``epsilon > 0`` (a (1+ε)-approximate frontier), ``epsilon_fallback`` (the ε of a
+    second solve of a mesh or pipeline shape whose exact solve passed the memory cap or half
+    the time left, instead of an error: those plans are (1+ε)-approximate, and
+    ``stats["approximated"]`` lists the jobs; None turns it off), ``max_mesh_dims``, ``coarse`` (the
     coarse plan space of ``tensoropt.space``: only the outermost mesh axis crosses nodes and it
     splits only the batch, repeated blocks tied in 8 groups; None turns it on above 64
     devices; ``stats["search_space"]`` says which space was searched), ``zero`` (ZeRO stages 2
@@ -128,11 +132,12 @@ def frontier(
     peak, so no returned plan is dominated in (time, peak).
     """
     options = SearchOptions(precision=precision, optimizer=optimizer, profile=profile, calibration=calibration,
-                            epsilon=epsilon,
+                            epsilon=epsilon, epsilon_fallback=epsilon_fallback,
                             max_mesh_dims=max_mesh_dims, coarse=coarse, zero=zero, recompute=recompute,
                             recompute_policy=check_policy(recompute_policy), pipeline=pipeline,
                             accumulate=_counts(accumulate), time_limit_s=time_limit_s, progress=progress, references=references,
                             memory_limit=memory_limit, prune_meshes=prune_meshes, workers=workers)
+    options.fallback()                       # a bad epsilon_fallback fails before capture
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
     scaling = parse_scaling(devices)
@@ -253,7 +258,8 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
                 jobs += built
                 if bar is not None:
                     bar.update(len(built))
-        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes, workers=workers)
+        candidates, stats = run_jobs(jobs, deadline, bar, prune=options.prune_meshes, workers=workers,
+                                     fallback=options.fallback())
     finally:
         if bar is not None:
             bar.close()

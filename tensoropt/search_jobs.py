@@ -11,6 +11,10 @@ drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candid
 back in the jobs' own order, so ties on the merged frontier go the same way whichever jobs
 ran. With ``workers > 1`` the jobs are solved in forked processes (``search_pool``), to the
 same frontier.
+
+With a ``fallback`` ε, a job whose exact solve passes the search's memory cap, or takes more
+than its share of the time the search has left, is solved again (1+ε)-approximately
+(``fallback.solve_job``) instead of ending the search; the run's stats list every such job.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from .engine import memguard
 from .engine.bounds import dominated
+from .fallback import solve_job
 from .engine.pareto import pareto
 from .plan_builder import Candidate
 from .search_options import Deadline
@@ -42,23 +47,28 @@ class Job:
     label: str                                              # e.g. "mesh 2x4, ZeRO stage 2"
     bound: Bound
     # (time limit, the frontier found so far as (time, peak) points or None) -> its frontier
-    # points; it may leave out those the frontier found so far strictly dominates
-    solve: Callable[[float | None, np.ndarray | None], list[Candidate]]
+    # points; it may leave out those the frontier found so far strictly dominates. Called with
+    # ``epsilon=`` too, it solves (1+ε)-approximately whatever the search asked for
+    # (``solve_job``'s fallback).
+    solve: Callable[..., list[Candidate]]
     # jobs of one chain hand state on to each other in order (one worker runs them in turn)
     chain: str = ""
 
 
 def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
-             workers: int = 1) -> tuple[list[Candidate], dict]:
+             workers: int = 1, fallback: float | None = None) -> tuple[list[Candidate], dict]:
     """Every job's candidates, in job order, skipping those the frontier found so far
     dominates (``prune``); ``bar`` advances once per job; ``workers > 1``: in that many forked
-    processes where the platform forks. Stats: jobs, skipped, workers."""
+    processes where the platform forks; ``fallback``: see ``fallback.solve_job``. Stats: jobs,
+    skipped, workers, approximated (the jobs solved with the fallback ε, in job order)."""
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].bound.time_min, jobs[i].bound.memory_min, i))
     if workers > 1 and can_fork() and len(groups_of(jobs, order)) > 1:
-        results, skipped, pool = run_parallel(jobs, order, deadline, bar, prune, workers)
-        return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, **pool}
+        results, skipped, approx, pool = run_parallel(jobs, order, deadline, bar, prune, workers, fallback)
+        return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, **pool,
+                                                 "approximated": [approx[i] for i in sorted(approx)]}
     found = np.zeros((0, 2))
     results: list[list[Candidate]] = [[] for _ in jobs]
+    approx: dict[int, dict] = {}
     skipped = 0
     for i in order:
         job = jobs[i]
@@ -68,11 +78,13 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
         if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
             skipped += 1
         else:
-            with deadline.solving(job.label):
-                results[i] = job.solve(deadline.remaining_s(), found if prune else None)
+            results[i], why = solve_job(job, deadline, found if prune else None, fallback)
+            if why is not None:
+                approx[i] = why
             if results[i]:
                 found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
         if bar is not None:
             bar.update(1)
-    return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1}
+    return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1,
+                                             "approximated": [approx[i] for i in sorted(approx)]}
 

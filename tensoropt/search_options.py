@@ -34,6 +34,10 @@ class SearchOptions:
     calibration: str | None = None
     #: > 0: a (1+ε)-approximate frontier per mesh (``engine.solve``)
     epsilon: float = 0.0
+    #: the ε a job is solved with again where its exact solve passes the memory cap or half the
+    #: time left (``fallback.solve_job``); ``Frontier.stats["approximated"]`` lists those
+    #: jobs. None: such a job ends the search with its error
+    epsilon_fallback: float | None = 0.01
     #: meshes of at most this many axes
     max_mesh_dims: int = 3
     #: search the coarse space of ``tensoropt.space``; None: above 64 devices
@@ -73,6 +77,13 @@ class SearchOptions:
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         return self.workers if self.workers is not None else usable_cpus()
+
+    def fallback(self) -> float | None:
+        """The fallback ε the jobs get (None where it would not loosen the search's own)."""
+        f = self.epsilon_fallback
+        if f is not None and not (f > 0 and f < float("inf")):
+            raise ValueError(f"epsilon_fallback must be a finite number > 0 or None, got {f!r}")
+        return f if f is not None and f > self.epsilon else None
 
     def memory_cap_bytes(self) -> float | None:
         """The cap :func:`engine.memguard.memory_cap` enforces (None where it cannot be read)."""

@@ -31,6 +31,7 @@ import numpy as np
 from .engine import memguard
 from .engine.bounds import dominated
 from .engine.pareto import pareto
+from .fallback import solve_job
 
 __all__ = ["usable_cpus", "can_fork", "fork_map", "run_parallel"]
 
@@ -120,23 +121,25 @@ def _start_worker(growth, next_slot, parent_bytes: float, peak) -> None:
 def _solve_group(indices: list[int], found: np.ndarray) -> bytes:
     """Run one group's jobs in order (in a worker); their candidates (None: skipped) and how
     much each counter grew, pickled with references to what the parent holds."""
-    jobs, deadline, prune = _STATE["jobs"], _STATE["deadline"], _STATE["prune"]
+    jobs, deadline, prune, fallback = _STATE["jobs"], _STATE["deadline"], _STATE["prune"], _STATE["fallback"]
     counters = _STATE["counters"]
     before = {k: Counter(c) for k, c in counters.items()}
     out: dict[int, list | None] = {}
+    approx: dict[int, dict] = {}
     for i in indices:
         job = jobs[i]
         memguard.check()
         if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
             out[i] = None
             continue
-        with deadline.solving(job.label):
-            out[i] = job.solve(deadline.remaining_s(), found if prune else None)
+        out[i], why = solve_job(job, deadline, found if prune else None, fallback)
+        if why is not None:
+            approx[i] = why
         if out[i]:
             found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in out[i]]]))
     grown = {k: c - before[k] for k, c in counters.items()}
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, grown))
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, approx, grown))
     return buf.getvalue()
 
 
@@ -196,8 +199,10 @@ def groups_of(jobs, order: list[int]) -> list[list[int]]:
     return list(groups.values())
 
 
-def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: int) -> tuple[list, int, dict]:
-    """Per job its candidates (or [] where skipped), how many were skipped, and stats of the
+def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: int,
+                 fallback: float | None = None) -> tuple[list, int, dict, dict]:
+    """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
+    with the ``fallback`` ε (index -> ``search_jobs.solve_job``'s record), and stats of the
     pool: workers and the most memory parent and workers held together at any check."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))
@@ -207,7 +212,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     growth = mp.get_context("fork").RawArray("d", workers)
     next_slot = mp.get_context("fork").Value("i", 0)
     peak = mp.get_context("fork").RawValue("d", parent_bytes)
-    _STATE.update(jobs=jobs, deadline=deadline, prune=prune, refs=refs, counters=counters)
+    _STATE.update(jobs=jobs, deadline=deadline, prune=prune, refs=refs, counters=counters, fallback=fallback)
 
     def held() -> float:
         total = (memguard.resident_bytes() or 0.0) + sum(growth[:])
@@ -216,6 +221,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
 
     results: list[list] = [[] for _ in jobs]
     skipped = 0
+    approximated: dict[int, dict] = {}
     found = np.zeros((0, 2))
     pending: dict = {}
     queue = list(groups)
@@ -231,7 +237,8 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
                         group = pending.pop(fut)
-                        out, grown = _Unpickler(io.BytesIO(fut.result())).load()
+                        out, approx, grown = _Unpickler(io.BytesIO(fut.result())).load()
+                        approximated.update(approx)
                         for k, delta in grown.items():
                             counters[k].update(delta)
                         for i, cands in out.items():
@@ -249,4 +256,4 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                 raise
     finally:
         _STATE.clear()
-    return results, skipped, {"workers": workers, "peak_resident_bytes": float(peak.value)}
+    return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(peak.value)}

@@ -172,7 +172,7 @@ RUNNERS = ("tensoropt.apply", "tensoropt.launch", "tensoropt.validate", "tensoro
 # The planning side, torch-free: from operator graphs to plans and their collectives.
 TORCH_FREE = ("tensoropt.placement", "tensoropt.training", "tensoropt.traffic", "tensoropt.strategy",
               "tensoropt.execution", "tensoropt.costmodel", "tensoropt.planner", "tensoropt.plan_builder",
-              "tensoropt.pipeline", "tensoropt.mesh_search", "tensoropt.search_jobs", "tensoropt.references", "tensoropt.comms",
+              "tensoropt.pipeline", "tensoropt.mesh_search", "tensoropt.search_jobs", "tensoropt.fallback", "tensoropt.references", "tensoropt.comms",
               "tensoropt.budget", "tensoropt.frontiers", "tensoropt.plan")
 
 

@@ -1,0 +1,112 @@
+"""The ε fallback (``tensoropt.fallback``): a job whose exact solve passes the memory cap or
+its share of the time left is solved again (1+ε)-approximately instead of ending the search,
+the frontier says so, and the stated bound holds against the exact frontier."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tensoropt
+from tensoropt import mesh_search
+from tensoropt.engine import SolveTimeout
+from tensoropt.engine.bounds import LowerBound
+from tensoropt.engine.memguard import SearchMemoryExceeded
+from tensoropt.plan_builder import Candidate
+from tensoropt.fallback import FALLBACK_SHARE
+from tensoropt.search_jobs import Job, run_jobs
+from tensoropt.search_options import Deadline
+from tensoropt.search_pool import can_fork
+
+
+def _bound(t: float, m: float) -> LowerBound:
+    return LowerBound(np.array([[1.0, 0.0, t], [0.0, 1.0, m]]), t, m)
+
+
+def _plan():
+    return None
+
+
+def _too_big(limit, ceiling, epsilon=None):
+    if epsilon is None:
+        raise SearchMemoryExceeded("the search holds 9 GiB, past its memory cap of 4 GiB")
+    return [Candidate(2.0, 3.0, 3.0 * (1 + epsilon), _plan)]
+
+
+def _fits(limit, ceiling, epsilon=None):
+    return [Candidate(1.0, 5.0, 5.0, _plan)]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_job_past_the_memory_cap_is_solved_again_with_the_fallback(workers):
+    if workers > 1 and not can_fork():
+        pytest.skip("worker processes are forked")
+    jobs = [Job("fits", _bound(1.0, 5.0), _fits), Job("too big", _bound(2.0, 3.0), _too_big)]
+    out, stats = run_jobs(jobs, Deadline(None, "test"), workers=workers, fallback=0.01)
+    assert [(c.time_s, c.peak_bytes) for c in out] == [(1.0, 5.0), (2.0, 3.0 * 1.01)]
+    assert stats["approximated"] == [{"job": "too big", "epsilon": 0.01, "reason": "memory"}]
+    with pytest.raises(SearchMemoryExceeded, match="while solving too big"):
+        run_jobs(jobs, Deadline(None, "test"), workers=workers)
+
+
+def test_a_slow_exact_solve_gets_its_share_of_the_time_then_the_fallback_the_rest():
+    given = []
+
+    def slow(limit, ceiling, epsilon=None):
+        given.append((limit, epsilon))
+        if epsilon is None:
+            time.sleep(limit)
+            raise SolveTimeout("time limit reached during a combine")
+        return [Candidate(1.0, 1.0, 1.0, lambda: None)]
+    deadline = Deadline(2.0, "test")
+    out, stats = run_jobs([Job("slow", _bound(1.0, 1.0), slow)], deadline, fallback=0.05)
+    assert len(out) == 1 and stats["approximated"] == [{"job": "slow", "epsilon": 0.05, "reason": "time"}]
+    (first, none), (second, eps) = given
+    assert none is None and eps == 0.05
+    assert first == pytest.approx(2.0 * FALLBACK_SHARE, abs=0.1)
+    assert second == pytest.approx(2.0 * (1 - FALLBACK_SHARE), abs=0.1)
+    # without a fallback the exact solve has all the time, and its timeout ends the search
+    given.clear()
+    with pytest.raises(SolveTimeout, match="time_limit_s=0.5"):
+        run_jobs([Job("slow", _bound(1.0, 1.0), slow)], Deadline(0.5, "test"))
+    assert given[0][0] == pytest.approx(0.5, abs=0.1)
+
+
+def test_fallback_plans_are_within_the_stated_bound_of_the_exact_frontier(monkeypatch):
+    """One mesh's exact solves made to pass the memory cap: its jobs are solved with ε, the
+    frontier says so, its plans carry ε, and every exact frontier plan has a returned plan no
+    slower within (1 + ε) of its peak."""
+    eps = 0.05
+    kw = dict(max_mesh_dims=2, pipeline=False, progress=False, workers=1, epsilon_fallback=eps)
+    exact = tensoropt.frontier("cnn-tiny", "4xA100-80GB", **kw)
+    assert exact.stats["approximated"] == [] and exact.caption() == "exact frontier"
+    assert set(exact.stats["peak_search"]) == {"exact"}        # the bound is on the peak there
+    solve = mesh_search.solve_problem
+    target = "2x2"
+
+    def capped(problem, graph, **k):
+        if k["epsilon"] == 0 and problem.mesh.shape == (2, 2):
+            raise SearchMemoryExceeded("the search holds 9 GiB, past its memory cap of 4 GiB")
+        return solve(problem, graph, **k)
+    monkeypatch.setattr(mesh_search, "solve_problem", capped)
+    approx = tensoropt.frontier("cnn-tiny", "4xA100-80GB", **kw)
+    fell = approx.stats["approximated"]
+    assert fell and all(r["reason"] == "memory" and r["epsilon"] == eps and f"mesh {target}" in r["job"]
+                        for r in fell)
+    assert f"ε = {eps:g}" in approx.caption() and approx.to_pandas().attrs["caption"] == approx.caption()
+    assert f"ε = {eps:g}" in repr(approx)
+    on_mesh = [p for p in approx.plans if p.mesh_shape == (2, 2)]
+    assert on_mesh and all(p.epsilon == eps for p in on_mesh)
+    assert all(p.epsilon == 0 for p in approx.plans if p.mesh_shape != (2, 2))
+    for q in exact.plans:
+        assert any(p.time_s <= q.time_s * (1 + 1e-12) and p.peak_memory_bytes <= (1 + eps) * q.peak_memory_bytes
+                   for p in approx.plans), q.summary
+    with pytest.raises(SearchMemoryExceeded, match=f"mesh {target}"):
+        tensoropt.frontier("cnn-tiny", "4xA100-80GB", **{**kw, "epsilon_fallback": None})
+
+
+def test_a_bad_fallback_is_refused_before_capture():
+    with pytest.raises(ValueError, match="epsilon_fallback"):
+        tensoropt.frontier("not-a-model", "4xA100-80GB", epsilon_fallback=-1.0)
