@@ -100,7 +100,8 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float, me
             " 'peak_search': f.stats['peak_search'], 'min_time': [f.min_time().time_s, f.min_time().summary],"
             " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary],"
             " 'search_space': f.stats['search_space'], 'workers': f.stats['workers'],"
-            " 'pool_peak_resident_bytes': f.stats.get('peak_resident_bytes')}\n"
+            " 'pool_peak_resident_bytes': f.stats.get('peak_resident_bytes'),"
+            " 'approximated': f.stats['approximated'], 'caption': f.caption()}\n"
             "except Exception as err:\n"
             "    r = {'error': f'{type(err).__name__}: {err}'}\n"
             "r['search_s'] = time.monotonic() - t0\n"
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
                 continue
             print(f"{model} on {devices} {settings} ...", flush=True)
             r = {**run_target(model, devices, settings, args.time_limit, args.memory_limit), "target_s": target_s,
-                 "commit": _commit()}
+                 "commit": _commit(), "date": _now()}
             print(json.dumps(r), flush=True)
             rows.append(r)
             done = {_key(x) for x in rows}
@@ -275,6 +276,10 @@ def _commit() -> str | None:
     return head + ("+changes" if dirty else "")
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _write(out: Path, results: list, targets: list) -> None:
     import numpy
     import torch
@@ -283,7 +288,7 @@ def _write(out: Path, results: list, targets: list) -> None:
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
                     "torch": torch.__version__, "numpy": numpy.__version__},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": _now(),
         "command": "python scripts/bench_search.py",
         "results": results,
         "targets": targets,

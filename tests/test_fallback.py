@@ -51,6 +51,26 @@ def test_a_job_past_the_memory_cap_is_solved_again_with_the_fallback(workers):
         run_jobs(jobs, Deadline(None, "test"), workers=workers)
 
 
+@pytest.mark.parametrize("needs", [0.01, 0.1, 1.0])
+def test_where_the_fallback_too_passes_the_cap_ten_times_it_is_tried(needs):
+    tried = []
+
+    def big(limit, ceiling, epsilon=None):
+        tried.append(epsilon)
+        if epsilon is None or epsilon < needs * (1 - 1e-9):
+            raise SearchMemoryExceeded("the search holds 9 GiB, past its memory cap of 4 GiB")
+        return [Candidate(1.0, 1.0, 1.0, _plan)]
+    jobs = [Job("big", _bound(1.0, 1.0), big)]
+    if needs > 0.1:
+        with pytest.raises(SearchMemoryExceeded, match="while solving big .again with epsilon = 0.1"):
+            run_jobs(jobs, Deadline(None, "test"), fallback=0.01)
+        assert tried == [None, 0.01, pytest.approx(0.1)]
+        return
+    out, stats = run_jobs(jobs, Deadline(None, "test"), fallback=0.01)
+    assert len(out) == 1 and stats["approximated"][0]["epsilon"] == pytest.approx(needs)
+    assert tried == [None, 0.01, pytest.approx(0.1)][:len(tried)] and tried[-1] == pytest.approx(needs)
+
+
 def test_a_slow_exact_solve_gets_its_share_of_the_time_then_the_fallback_the_rest():
     given = []
 
@@ -66,7 +86,7 @@ def test_a_slow_exact_solve_gets_its_share_of_the_time_then_the_fallback_the_res
     (first, none), (second, eps) = given
     assert none is None and eps == 0.05
     assert first == pytest.approx(2.0 * FALLBACK_SHARE, abs=0.1)
-    assert second == pytest.approx(2.0 * (1 - FALLBACK_SHARE), abs=0.1)
+    assert second == pytest.approx(2.0 * (1 - FALLBACK_SHARE) * FALLBACK_SHARE, abs=0.1)
     # without a fallback the exact solve has all the time, and its timeout ends the search
     given.clear()
     with pytest.raises(SolveTimeout, match="time_limit_s=0.5"):
