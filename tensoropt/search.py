@@ -269,22 +269,28 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
 def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace,
                       cost_for, options: SearchOptions, shapes, accumulating, workers: int, bar):
     """What ``mesh_jobs``, ``pipeline_jobs`` and the accumulation jobs build, in the same
-    order, built in forked workers (``search_pool.fork_map``); the model at each micro-batch
-    size is captured here first (capture runs torch, which stays in this process)."""
+    order, built in forked workers (``search_pool.fork_map``). The model at each micro-batch
+    size is captured here (capture runs torch, which stays in this process) while the first
+    workers build the meshes' jobs, which need the model at its own batch only; the pipeline
+    and accumulation jobs are built by workers forked after it."""
     mb_ctx = {}
-    for m in [m for _, m, _ in shapes] + [m for m, _ in accumulating]:
-        if m not in mb_ctx:
-            mb_ctx[m] = replace(ctx, graph=recapture(ctx.graph.batch_size // m))
-    memguard.check()
-    calls = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
-    calls += [partial(pipeline_job, mb_ctx[m], cluster, space, cost_for, options, p, m, mesh) for p, m, mesh in shapes]
-    calls += [partial(accumulation_jobs_on, mb_ctx[m], ctx.graph, cluster, space, cost_for, options, m, mesh)
-              for m, mesh in accumulating]
+
+    def capture_micro_batches() -> None:
+        for m in [m for _, m, _ in shapes] + [m for m, _ in accumulating]:
+            if m not in mb_ctx:
+                mb_ctx[m] = replace(ctx, graph=recapture(ctx.graph.batch_size // m))
+        memguard.check()
 
     def done(result) -> None:
         if bar is not None:
             bar.update(len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, list) else 1)
-    built = fork_map(calls, workers, done)
+    meshes = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
+    built = fork_map(meshes, workers, done, meanwhile=capture_micro_batches)
+    calls = [partial(pipeline_job, mb_ctx[m], cluster, space, cost_for, options, p, m, mesh) for p, m, mesh in shapes]
+    calls += [partial(accumulation_jobs_on, mb_ctx[m], ctx.graph, cluster, space, cost_for, options, m, mesh)
+              for m, mesh in accumulating]
+    if calls:
+        built += fork_map(calls, workers, done)
     problems, jobs = [], []
     for result in built:
         if isinstance(result, tuple):

@@ -149,10 +149,12 @@ def _call(i: int) -> bytes:
     return buf.getvalue()
 
 
-def fork_map(calls: list, workers: int, done=None) -> list:
+def fork_map(calls: list, workers: int, done=None, meanwhile=None) -> list:
     """``[call() for call in calls]`` in forked workers, in order; results refer to what the
     calls' arguments held before the fork (not copies). ``done(result)`` runs in the parent
-    as each result arrives."""
+    as each result arrives; ``meanwhile()``, if given, runs in the parent once the workers
+    are forked, before it waits for them (what the calls do not need, e.g. torch work that
+    stays in the parent)."""
     workers = max(1, min(workers, len(calls)))
     refs = _references_of(calls)
     parent_bytes = memguard.resident_bytes() or 0.0
@@ -166,6 +168,8 @@ def fork_map(calls: list, workers: int, done=None) -> list:
                                     initargs=(growth, next_slot, parent_bytes, None)) as pool:
             futures = {pool.submit(_call, i): i for i in range(len(calls))}
             try:
+                if meanwhile is not None:        # the workers exist: they forked at the first submit
+                    meanwhile()
                 pending = set(futures)
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)

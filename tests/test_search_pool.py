@@ -17,7 +17,7 @@ from tensoropt.engine.memguard import SearchMemoryExceeded
 from tensoropt.plan_builder import Candidate
 from tensoropt.search_jobs import Job, run_jobs
 from tensoropt.search_options import Deadline
-from tensoropt.search_pool import can_fork, groups_of
+from tensoropt.search_pool import can_fork, fork_map, groups_of
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="worker processes are forked")
 
@@ -122,6 +122,19 @@ def test_workers_find_the_frontier_one_process_finds():
     assert any(p.stages for p in one.plans) and len(one.plans) == len(two.plans)
     for p, q in zip(one.plans, two.plans):
         assert p.to_dict() == q.to_dict()
+
+
+def test_the_parent_works_meanwhile_once_the_workers_are_forked():
+    import os
+
+    seen = []
+    out = fork_map([os.getpid] * 3, 2, meanwhile=lambda: seen.append(os.getpid()))
+    assert seen == [os.getpid()] and os.getpid() not in out and len(set(out)) <= 2
+
+    def fails():
+        raise ValueError("capture failed")
+    with pytest.raises(ValueError, match="capture failed"):
+        fork_map([os.getpid] * 3, 2, meanwhile=fails)
 
 
 def test_workers_must_be_positive():
