@@ -4,10 +4,11 @@ again (1+ε)-approximately.
 :func:`solve_job` runs one job (``search_jobs.Job``) for ``search_jobs.run_jobs`` and for the
 forked workers of ``search_pool``. Where the exact solve passes the search's memory cap, or
 ``FALLBACK_SHARE`` of the time the search has left, the job is solved again with the fallback
-ε, then with ten times it (``FALLBACK_STEPS``); an ε grid keeps every set of partial plans
-smaller (``engine.solve``, ``engine.peaksolve.solve_peak``), and each plan the exact solve would return then has one no slower
-within a factor (1 + ε) of its memory, in the memory the job searched. The caller records
-which jobs fell back and why (``Frontier.stats["approximated"]``, ``Frontier.caption``).
+ε, then with ten times it (``FALLBACK_STEPS``). An ε grid keeps every set of partial plans
+smaller (``engine.solve``, ``engine.peaksolve.solve_peak``), and each plan the exact solve
+would return then has one no slower within a factor (1 + ε) of its memory, in the memory the
+job searched. The caller records which jobs fell back and why
+(``Frontier.stats["approximated"]``, ``Frontier.caption``).
 """
 
 from __future__ import annotations

@@ -69,14 +69,20 @@ class Frontier:
         hold a plan someone runs (``tensoropt.plan_for``) against the frontier at its memory."""
         return fastest_within(self.plans, memory_bytes)
 
+    @property
+    def epsilon(self) -> float:
+        """0 where the frontier is exact, else its ε: the largest a plan was searched with, as
+        asked or where a job fell back to one (``stats["approximated"]``)."""
+        fell = self.stats.get("approximated") or []
+        return max([p.epsilon for p in self.plans] + [r["epsilon"] for r in fell], default=0.0)
+
     def caption(self) -> str:
         """How exact the frontier is: exact, (1+ε)-approximate as asked, or approximate where
         jobs fell back to an ε (``stats["approximated"]``) -- and what that bound says."""
-        asked = max((p.epsilon for p in self.plans), default=0.0)
-        fell = self.stats.get("approximated") or []
-        if not fell and asked == 0:
+        eps = self.epsilon
+        if eps == 0:
             return "exact frontier"
-        eps = max([asked] + [r["epsilon"] for r in fell])
+        fell = self.stats.get("approximated") or []
         text = (f"(1+ε)-approximate frontier, ε = {eps:g}: every plan the exact search would return has one "
                 f"here no slower with at most {1 + eps:g}x its memory (its peak where its job's peak search was "
                 "exact, stats['peak_search'])")
@@ -108,8 +114,7 @@ class Frontier:
         return plot_frontier(self, ax=ax, memory_budget=memory_budget, **kw)
 
     def __repr__(self) -> str:
-        approx = "" if self.caption() == "exact frontier" else \
-            f", ε = {max([p.epsilon for p in self.plans] + [r['epsilon'] for r in self.stats.get('approximated') or []]):g}"
+        approx = f", ε = {self.epsilon:g}" if self.epsilon else ""
         return (f"Frontier({self.model} on {self.devices}: {len(self.plans)} plans, "
                 f"{self.plans[0].time_s * 1e3:.3f}..{self.plans[-1].time_s * 1e3:.3f} ms, "
                 f"{format_bytes(self.plans[0].peak_memory_bytes)}..{format_bytes(self.plans[-1].peak_memory_bytes)} "

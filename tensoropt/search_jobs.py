@@ -26,8 +26,8 @@ import numpy as np
 
 from .engine import memguard
 from .engine.bounds import dominated
-from .fallback import solve_job
 from .engine.pareto import pareto
+from .fallback import solve_job
 from .plan_builder import Candidate
 from .search_options import Deadline
 from .search_pool import can_fork, groups_of, run_parallel

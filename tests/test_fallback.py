@@ -116,7 +116,7 @@ def test_fallback_plans_are_within_the_stated_bound_of_the_exact_frontier(monkey
     assert fell and all(r["reason"] == "memory" and r["epsilon"] == eps and f"mesh {target}" in r["job"]
                         for r in fell)
     assert f"ε = {eps:g}" in approx.caption() and approx.to_pandas().attrs["caption"] == approx.caption()
-    assert f"ε = {eps:g}" in repr(approx)
+    assert f"ε = {eps:g}" in repr(approx) and approx.epsilon == eps and exact.epsilon == 0
     on_mesh = [p for p in approx.plans if p.mesh_shape == (2, 2)]
     assert on_mesh and all(p.epsilon == eps for p in on_mesh)
     assert all(p.epsilon == 0 for p in approx.plans if p.mesh_shape != (2, 2))

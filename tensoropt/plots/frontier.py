@@ -193,10 +193,9 @@ def plot_frontier(frontier, ax=None, memory_budget=None, label: str | None = Non
     ax.set_xlabel(f"time per training iteration ({unit})")
     ax.set_ylabel(f"peak memory per device ({munit})")
     batch = batch_of(plans[0])
-    caption = frontier.caption()
     ax.set_title(title or f"{frontier.model} on {frontier.devices}"
                  f"{f', batch {batch}' if batch else ''}: time vs memory per device"
-                 + ("" if caption == "exact frontier" else f"\n{caption.split(':')[0]}"), fontsize=11)
+                 + (f"\n(1+ε)-approximate, ε = {frontier.epsilon:g}" if frontier.epsilon else ""), fontsize=11)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False, ncol=2)
     return ax
