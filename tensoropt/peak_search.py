@@ -26,7 +26,7 @@ from .engine.peaksolve import solve_peak
 from .peakmodel import EXACT_SEARCH_ROWS, PeakModel, peak_model
 from .planner import MeshProblem
 
-__all__ = ["PeakSolution", "solve_problem", "SEARCHES", "PEAK_SEARCH_CANDIDATES", "MAX_FACTOR_BYTES"]
+__all__ = ["PeakSolution", "solve_problem", "time_left", "SEARCHES", "PEAK_SEARCH_CANDIDATES", "MAX_FACTOR_BYTES"]
 
 SEARCHES = ("exact", "block", "forward-end")
 
@@ -86,7 +86,7 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
                 found = _solve_parts(pm, epsilon, deadline, max_candidates)
             else:
                 found = solve_peak(g if g is not None else pm.block(), epsilon=epsilon,
-                                   time_limit_s=_left(deadline), max_candidates=max_candidates,
+                                   time_limit_s=time_left(deadline), max_candidates=max_candidates,
                                    max_factor_bytes=MAX_FACTOR_BYTES)
         except SearchTooLarge as err:
             stats["tried"].append(f"{name}: {err}")
@@ -98,11 +98,11 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
         graphs = g = None
         pm.release_search()                        # its peak graphs are too large to search
         stats["peak_search"] = "forward-end"
-        fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=_left(deadline), progress=False,
+        fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_left(deadline), progress=False,
                     block_groups=block_groups, ceiling=ceiling)
         parts.append(fwd.assignments)
     elif pm.replicate is not None:
-        rep = solve_peak(pm.replicate, epsilon=epsilon, time_limit_s=_left(deadline))
+        rep = solve_peak(pm.replicate, epsilon=epsilon, time_limit_s=time_left(deadline))
         parts.append(pm.expand(rep.assignments))
     a = np.concatenate(parts, axis=0) if parts else np.zeros((0, pm.exact.n_nodes), dtype=np.int64)
     priced = pm.evaluate(a) if len(a) else np.zeros((0, 3))
@@ -119,7 +119,7 @@ def _solve_parts(pm: PeakModel, epsilon: float, deadline: float | None, max_cand
     (``PeakModel.parts``), assignments mapped back to that operator's configurations."""
     found = []
     for v, sub, g in pm.parts:
-        part = solve_peak(g, epsilon=epsilon, time_limit_s=_left(deadline), max_candidates=max_candidates,
+        part = solve_peak(g, epsilon=epsilon, time_limit_s=time_left(deadline), max_candidates=max_candidates,
                           max_factor_bytes=MAX_FACTOR_BYTES)
         a = part.assignments.copy()
         a[:, v] = sub[a[:, v]]
@@ -127,7 +127,9 @@ def _solve_parts(pm: PeakModel, epsilon: float, deadline: float | None, max_cand
     return SimpleNamespace(assignments=np.concatenate(found, axis=0))
 
 
-def _left(deadline: float | None) -> float | None:
+def time_left(deadline: float | None) -> float | None:
+    """Seconds to ``deadline`` (a ``time.monotonic()`` instant; None: no limit), or
+    :class:`SolveTimeout` where it has passed: what each of several solves under one limit gets."""
     if deadline is None:
         return None
     left = deadline - time.monotonic()

@@ -20,6 +20,7 @@ last are planned with stage 1's in-flight count (p − 1), an upper bound for la
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
@@ -35,7 +36,7 @@ from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
 from .plan import Plan
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
-from .peak_search import solve_problem
+from .peak_search import solve_problem, time_left
 from .peakmodel import peak_model
 from .planner import build_problem
 from .search_jobs import Job
@@ -292,13 +293,14 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
                   stages: int, microbatches: int, block_groups, time_limit_s: float | None,
                   ceiling: np.ndarray | None = None, epsilon: float | None = None) -> list[Candidate]:
     ctx = ctx.approximate(epsilon)
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s   # for all the stages
     scale = microbatches + stages - 1
     fronts, solved = [], []
     start_at = "exact"           # a stage no larger than the one before needs no more
     for (g, problem), held in zip(built, buffers):
         # a stage point (t, m) gives plans of time >= scale * (t + p2p) and peak >= m + held
         stage_ceiling = None if ceiling is None else ceiling / [scale, 1.0] - [p2p, held]
-        res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_limit_s,
+        res = solve_problem(problem, g, microbatches, epsilon=ctx.epsilon, time_limit_s=time_left(deadline),
                             block_groups=block_groups, start_at=start_at, ceiling=stage_ceiling)
         ctx.peak_searches[res.stats["peak_search"]] += 1
         start_at = res.stats["peak_search"]

@@ -188,6 +188,33 @@ def test_a_stage_without_points_composes_to_no_plan():
     assert pts.shape == (0, 2) and picks.shape == (0, 2)
 
 
+def test_a_pipeline_jobs_stages_share_its_time_limit(monkeypatch):
+    """Each stage's solve gets what the job's limit has left, not the whole limit again."""
+    import time
+
+    import tensoropt.pipeline as pipeline
+    from tensoropt.capture.recapture import capture_model
+    from tensoropt.plan_builder import PlanContext
+    from tensoropt.pricing import cost_models
+    from tensoropt.space import SearchSpace
+
+    given = []
+    solve = pipeline.solve_problem
+
+    def slow(*a, **k):
+        given.append(k["time_limit_s"])
+        time.sleep(0.3)
+        return solve(*a, **k)
+    monkeypatch.setattr(pipeline, "solve_problem", slow)
+    _, _, recapture = capture_model("gpt-tiny")
+    cluster = parse_devices("4xA100-80GB")
+    training = TrainingConfig("bf16-mixed")
+    ctx = PlanContext(recapture(2), training, "sig", 0.0, "4xA100-80GB")
+    assert pipeline_plans(ctx, cluster, 2, 4, cost_models(cluster, training), SearchSpace(max_mesh_dims=1), True,
+                          time_limit_s=60.0)
+    assert len(given) == 2 and given[0] <= 60.0 and given[1] <= given[0] - 0.3
+
+
 def test_pipeline_plans_follow_the_1f1b_formulas():
     from tensoropt.capture.recapture import capture_model
     from tensoropt.plan import Plan
