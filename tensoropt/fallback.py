@@ -44,12 +44,12 @@ def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = 
             f"{job.label} (again with epsilon = {eps:g}, the solve before passing "
             f"{'its memory cap' if reason == 'memory' else 'its share of the time'})")
         with deadline.solving(what):
+            share = limit if last or limit is None else limit * FALLBACK_SHARE
             try:
                 if eps is None:
-                    return job.solve(limit if last or limit is None else limit * FALLBACK_SHARE, found), None
+                    return job.solve(share, found), None
                 memguard.check()
-                out = job.solve(limit if last or limit is None else limit * FALLBACK_SHARE, found, epsilon=eps)
-                return out, {"job": job.label, "epsilon": eps, "reason": reason}
+                return job.solve(share, found, epsilon=eps), {"job": job.label, "epsilon": eps, "reason": reason}
             except SearchMemoryExceeded:
                 if last:
                     raise
