@@ -136,7 +136,8 @@ def space_check(model: str, devices: str, settings: dict, time_limit_s: float) -
         except Exception as err:              # e.g. the fine space past its time limit: no comparison
             out[key] = {"search_s": time.monotonic() - t0, "error": f"{type(err).__name__}: {err}"}
             return out
-        out[key] = {"search_s": time.monotonic() - t0, "plans": len(f), "search_space": f.stats["search_space"]}
+        out[key] = {"search_s": time.monotonic() - t0, "plans": len(f), "search_space": f.stats["search_space"],
+                    "approximated": f.stats["approximated"], "caption": f.caption()}
         fronts[key] = np.array([(p.time_s, p.peak_memory_bytes) for p in f.plans])
     fine, coarse = fronts["fine"], fronts["coarse"]
     ratios = []
@@ -218,7 +219,8 @@ def main(argv=None) -> int:
         checks = []
         for model, devices, settings in SPACE_CHECKS:
             print(f"{model} on {devices} {settings}, fine and coarse ...", flush=True)
-            checks.append(space_check(model, devices, settings, args.time_limit))
+            checks.append({**space_check(model, devices, settings, args.time_limit), "commit": _commit(),
+                           "date": _now()})
             print(json.dumps(checks[-1]), flush=True)
             doc = json.loads(out.read_text()) if out.exists() else {"results": [], "targets": []}
             doc["space_checks"] = checks
