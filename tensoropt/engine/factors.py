@@ -70,7 +70,7 @@ def combine(
     f: Factor,
     g: Factor,
     eliminate: int | None = None,
-    quantum: float = 0.0,
+    ratio: float = 0.0,
     deadline: float | None = None,
 ) -> Factor:
     """f ⊕ g over the union of their scopes; with ``eliminate``, ∪ over that node's configurations.
@@ -120,7 +120,7 @@ def combine(
         n_rows = int(np.prod(chunk_dims, dtype=np.int64))
         f_t, f_m = (np.broadcast_to(a, full + (wf,)).reshape(n_rows, n_elim, wf) for a in parts[:2])
         g_t, g_m = (np.broadcast_to(a, full + (wg,)).reshape(n_rows, n_elim, wg) for a in parts[2:])
-        pt, pm, ps = sum_prune(f_t, f_m, g_t, g_m, quantum)
+        pt, pm, ps = sum_prune(f_t, f_m, g_t, g_m, ratio)
         pieces.append((chunk_dims, pt, pm, ps))
     width = max(p[1].shape[1] for p in pieces)
     t_out = np.concatenate([_pad(p[1], width, np.inf).reshape(p[0] + (width,)) for p in pieces], axis=0 if out_dims else -1)
@@ -135,7 +135,7 @@ _SEG_F, _SEG_G = 16, 8
 PREFILTER_SURVIVORS = True
 
 
-def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
+def sum_prune(f_t, f_m, g_t, g_m, ratio: float = 0.0):
     """Row ``r`` of the result: the pruned union over ``c`` of ``f[r, c] ⊕ g[r, c]``.
 
     ``f_*``: (rows, n_c, wf), ``g_*``: (rows, n_c, wg), frontiers sorted by time, inf-padded.
@@ -153,11 +153,11 @@ def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     wg = g_t.shape[2]
     lib = kernels()
     if lib is not None:
-        return _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum)
+        return _sum_prune_native(lib, f_t, f_m, g_t, g_m, ratio)
     if n_c * wf * wg < BLOCK_MIN_POINTS or wf < 2 * _SEG_F:
         t = (f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1)
         m = (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1)
-        return prune_rows(t, m, quantum)
+        return prune_rows(t, m, ratio)
     stairs = Staircase(*prune_rows(*_supported_points(f_t, f_m, g_t, g_m))[:2])
     bg = min(_SEG_G, wg)
     ft, fm = (_pad_to(a, _SEG_F) for a in (f_t, f_m))
@@ -183,7 +183,7 @@ def sum_prune(f_t, f_m, g_t, g_m, quantum: float = 0.0):
     m = np.full((rows, n_blocks, per), np.inf)
     codes = np.full((rows, n_blocks, per), -1, dtype=np.int64)
     t[r, pos], m[r, pos], codes[r, pos] = cand_t, cand_m, code
-    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), quantum, prefilter=PREFILTER_SURVIVORS)
+    pt, pm, ps = prune_rows(t.reshape(rows, -1), m.reshape(rows, -1), ratio, prefilter=PREFILTER_SURVIVORS)
     src = np.where(ps >= 0, np.take_along_axis(codes.reshape(rows, -1), np.maximum(ps, 0), axis=-1), -1)
     return pt, pm, src
 
@@ -194,7 +194,7 @@ def _native_cap(n_c: int, wf: int, wg: int) -> int:
     return min(n_c * wf * wg, n_c * (wf + wg) + 64)
 
 
-def _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum: float):
+def _sum_prune_native(lib, f_t, f_m, g_t, g_m, ratio: float):
     rows, n_c, wf = f_t.shape
     wg = g_t.shape[2]
     args = [np.ascontiguousarray(a, dtype=np.float64) for a in (f_t, f_m, g_t, g_m)]
@@ -216,8 +216,8 @@ def _sum_prune_native(lib, f_t, f_m, g_t, g_m, quantum: float):
     t, m, src = t[:, :width], m[:, :width], src[:, :width]
     pad = np.arange(width)[None, :] >= count[:, None]
     t[pad], m[pad], src[pad] = np.inf, np.inf, -1
-    if quantum > 0:
-        return compact(keep_one_per_cell(m, ~pad, quantum), t, m, src)
+    if ratio > 0:
+        return compact(keep_one_per_cell(m, ~pad, ratio), t, m, src)
     return t, m, src
 
 

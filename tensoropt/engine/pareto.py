@@ -12,7 +12,7 @@ import numpy as np
 
 
 def prune_rows(
-    t: np.ndarray, m: np.ndarray, quantum: float = 0.0, prefilter: bool = True
+    t: np.ndarray, m: np.ndarray, ratio: float = 0.0, prefilter: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Keep the non-dominated points of each row.
 
@@ -20,9 +20,10 @@ def prune_rows(
     column in the input (``-1`` on padding). Among points with equal (time, memory) the
     lowest column is kept, so the result does not depend on anything but the input.
 
-    ``quantum > 0`` additionally keeps only the fastest point in each memory cell
-    ``[k·quantum, (k+1)·quantum)``: every dropped point ``q`` is then covered by a kept
-    point ``p`` with ``t_p <= t_q`` and ``m_p < m_q + quantum``.
+    ``ratio > 0`` additionally keeps only the fastest point in each memory cell
+    ``[(1+ratio)^k, (1+ratio)^(k+1))`` (memory 0 is a cell of its own): every dropped point
+    ``q`` is then covered by a kept point ``p`` with ``t_p <= t_q`` and
+    ``m_p < (1+ratio)·m_q``. Memory must not be negative.
     """
     rows, width = t.shape
     if width == 0 or rows == 0:
@@ -31,7 +32,7 @@ def prune_rows(
         survivors = _prefilter(t, m)
         if survivors is not None:
             st, sm, cols = survivors
-            out_t, out_m, src = prune_rows(st, sm, quantum, prefilter=False)
+            out_t, out_m, src = prune_rows(st, sm, ratio, prefilter=False)
             src = np.where(src >= 0, np.take_along_axis(cols, np.maximum(src, 0), axis=-1), -1)
             return out_t, out_m, src
     # One unstable sort by time; runs of equal time are then resolved without sorting
@@ -58,8 +59,8 @@ def prune_rows(
         low = np.minimum.reduceat(np.where(cand, order, width).ravel(), starts)[run_id].reshape(ms.shape)
         keep = cand & (order == low)
     keep &= np.isfinite(ts)
-    if quantum > 0:
-        keep = keep_one_per_cell(ms, keep, quantum)
+    if ratio > 0:
+        keep = keep_one_per_cell(ms, keep, ratio)
     return compact(keep, ts, ms, order)
 
 
@@ -152,11 +153,11 @@ def _prefilter(t: np.ndarray, m: np.ndarray):
     return out_t, out_m, cols
 
 
-def keep_one_per_cell(ms: np.ndarray, keep: np.ndarray, quantum: float) -> np.ndarray:
+def keep_one_per_cell(ms: np.ndarray, keep: np.ndarray, ratio: float) -> np.ndarray:
     # Along a pruned row memory strictly falls, so cells never rise: keep a point when its
     # cell differs from the cell of the previous kept point.
     with np.errstate(divide="ignore", invalid="ignore"):
-        cell = np.floor(ms / quantum)
+        cell = np.floor(np.log(ms) / np.log1p(ratio))
     cell = np.where(keep, cell, np.nan)
     idx = np.where(keep, np.arange(ms.shape[1]), -1)
     last = np.maximum.accumulate(idx, axis=-1)

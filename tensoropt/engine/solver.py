@@ -35,15 +35,16 @@ whole graph. Where each step lives:
 5. walk the back-pointers for all frontier points at once (``factors.reconstruct``)
    and check each assignment's recomputed cost against its point (:func:`_verify`).
 
-``epsilon > 0`` prunes every combine to a grid of memory cells of width
-``η = ε · M_lb / D`` (``pareto.prune_rows``), keeping the fastest point of each cell;
-``M_lb`` is a lower bound on any assignment's memory (the sum of every node's and edge's
-least memory) and D the longest chain of prunes to the result. Each prune moves a
-partial sum by less than η in memory and not at all in time, and errors add along a
-path, so every exact frontier point ``q`` has a returned point ``p`` with
-``t_p <= t_q`` and ``m_p <= m_q + ε·M_lb <= (1+ε)·m_q``; every returned point is the
-exact cost of its returned assignment. (The absolute grid is much coarser than a
-relative one for the small partial sums deep in the search.)
+``epsilon > 0`` prunes every combine to a grid of memory cells, each ``1+δ`` times the
+one below, ``(1+δ)^D = 1+ε`` (``pareto.prune_rows``), keeping the fastest point of each
+cell; D is the longest chain of prunes to the result. Costs are not negative, so a factor
+whose points each stand within a factor ``1+e`` in memory (no slower) for every exact
+partial plan of that factor passes on to a sum of two such factors at most the larger
+``e`` of the two; its own prune multiplies by ``1+δ``. So every exact frontier point ``q``
+has a returned point ``p`` with ``t_p <= t_q`` and ``m_p <= (1+ε)·m_q``; every returned
+point is the exact cost of its returned assignment. (An absolute grid, whose errors add
+over every prune below a factor and not only along the longest path, would need cells
+divided by the number of combines to hold the same bound.)
 """
 
 from __future__ import annotations
@@ -134,16 +135,16 @@ def solve(
     keep = chain.outer_keep(outer_sizes) if chain else frozenset()
     plan = plan_elimination(scopes, outer_sizes, keep=keep)
     depth = max(plan.depth + (chain.depth_bound(len(keep)) if chain else 0), 1)
-    quantum = epsilon * _memory_lower_bound(g) / depth if epsilon > 0 else 0.0
+    ratio = float(np.expm1(np.log1p(epsilon) / depth))
 
     n_steps = len(plan.steps) + (chain.n_steps if chain else 0)
     show = progress if progress is not None else (n_steps > 2000 and sys.stderr.isatty())
     bar = _progress_bar(n_steps, show)
     try:
-        rest = _run(plan, leaves, quantum, deadline, bar)
+        rest = _run(plan, leaves, ratio, deadline, bar)
         if chain is not None:
-            rest = [chain.fold(rest, quantum, deadline, bar, bar_above)]
-        root = _fold_all(rest, quantum, deadline)
+            rest = [chain.fold(rest, ratio, deadline, bar, bar_above)]
+        root = _fold_all(rest, ratio, deadline)
         if bar_above is not None:
             _cut(root, bar_above, 0.0, 0.0, compact=False)
     except SolveTimeout as err:
@@ -164,7 +165,7 @@ def solve(
         "n_steps": n_steps,
         "max_table": max(plan.max_table, chain.plan.max_table if chain else 0),
         "depth": depth,
-        "quantum": quantum,
+        "cell_ratio": ratio,
         "configs_before": int(sum(graph.n_configs)),
         "configs_after": int(sum(len(k) for k in kept)),
         "used_blocks": chain is not None,
@@ -174,12 +175,6 @@ def solve(
     if chain is not None and bar_above is not None:
         stats["chain_points_cut"] = chain.cut
     return SolveResult(points, assignments, float(epsilon), stats)
-
-
-def _memory_lower_bound(g: CostGraph) -> float:
-    nodes = sum(float(c[:, 1].min()) for c in g.node_costs)
-    edges = sum(float(t[..., 1].min()) for t in g.edge_costs.values())
-    return nodes + edges
 
 
 def _restrict(graph: CostGraph, kept: list[np.ndarray]) -> CostGraph:
@@ -205,7 +200,7 @@ def _leaves(g: CostGraph, layout: ChainLayout | None):
     return leaves, scopes
 
 
-def _run(plan, leaves: list, quantum: float, deadline, bar) -> list[Factor]:
+def _run(plan, leaves: list, ratio: float, deadline, bar) -> list[Factor]:
     """Carry out an elimination plan; returns the factors left over (scopes within the kept nodes)."""
     table = list(leaves)
     for step in plan.steps:
@@ -213,31 +208,31 @@ def _run(plan, leaves: list, quantum: float, deadline, bar) -> list[Factor]:
         for group in step.groups:
             acc = table[group[0]]
             for i in group[1:]:
-                acc = fx.combine(acc, table[i], quantum=quantum, deadline=deadline)
+                acc = fx.combine(acc, table[i], ratio=ratio, deadline=deadline)
             merged.append(acc)
         acc = merged[0]
         for f in merged[1:-1]:
-            acc = fx.combine(acc, f, quantum=quantum, deadline=deadline)
+            acc = fx.combine(acc, f, ratio=ratio, deadline=deadline)
         last = merged[-1] if len(merged) > 1 else _ZERO
-        table.append(fx.combine(acc, last, eliminate=step.node, quantum=quantum, deadline=deadline))
+        table.append(fx.combine(acc, last, eliminate=step.node, ratio=ratio, deadline=deadline))
         for i in step.factors:
             _release(table[i])
         bar.update(1)
     return [table[i] for i in plan.leftover]
 
 
-def _combine_all(factors: list[Factor], quantum, deadline) -> Factor:
+def _combine_all(factors: list[Factor], ratio, deadline) -> Factor:
     acc = factors[0] if factors else _ZERO
     for f in factors[1:]:
-        acc = fx.combine(acc, f, quantum=quantum, deadline=deadline)
+        acc = fx.combine(acc, f, ratio=ratio, deadline=deadline)
     return acc
 
 
-def _fold_all(factors: list[Factor], quantum, deadline) -> Factor:
+def _fold_all(factors: list[Factor], ratio, deadline) -> Factor:
     """Sum the factors and fold out every node they still mention: the root frontier."""
-    acc = _combine_all(factors, quantum, deadline)
+    acc = _combine_all(factors, ratio, deadline)
     for v in acc.scope:
-        acc = fx.combine(acc, _ZERO, eliminate=v, quantum=quantum, deadline=deadline)
+        acc = fx.combine(acc, _ZERO, eliminate=v, ratio=ratio, deadline=deadline)
     return acc
 
 
@@ -303,7 +298,7 @@ class _ChainBuilder:
         """Prunes the chain adds on any path, at most (on top of the outer plan's)."""
         return self.plan.depth + len(self.plan.leftover) + self.n + 2 * n_kept + 4
 
-    def fold(self, rest: list[Factor], quantum, deadline, bar, ceiling: Ceiling | None = None) -> Factor:
+    def fold(self, rest: list[Factor], ratio, deadline, bar, ceiling: Ceiling | None = None) -> Factor:
         """The factor over the last exits of everything: ``rest`` (the outer factors) and the chain.
 
         With a ``ceiling``, a partial plan ``p`` in V_k(x_k) is dropped when the ceiling strictly
@@ -312,7 +307,7 @@ class _ChainBuilder:
         every completion of ``p`` costs at least that, so none reaches the frontier. A point
         that ``p`` pruned away stays pruned, and rightly: it is no better than ``p`` for every
         completion. ``self.cut`` counts the points dropped."""
-        template = _combine_all(_run(self.plan, self.template_leaves, quantum, deadline, bar), quantum, deadline)
+        template = _combine_all(_run(self.plan, self.template_leaves, ratio, deadline, bar), ratio, deadline)
         template = _permute(_pad_scope(template, self.x0 + self.x1, self.sizes), self.x0 + self.x1)
         r = int(np.prod(self.kx, dtype=np.int64))
         w = template.width
@@ -324,12 +319,12 @@ class _ChainBuilder:
         pre = [f for f in rest if f not in post] + (post if self.carry else [])
         post = [] if self.carry else post
         v0_scope = (self.xl if self.carry else ()) + self.x0
-        v0 = _permute(_pad_scope(_combine_all(pre, quantum, deadline), v0_scope, self.sizes), v0_scope)
+        v0 = _permute(_pad_scope(_combine_all(pre, ratio, deadline), v0_scope, self.sizes), v0_scope)
         lead = (r,) if self.carry else ()
         scope = (-3, -1) if self.carry else (-1,)
         shape = lead + (r, v0.width)
         vt, vm, vsrc = v0.t.reshape(shape), v0.m.reshape(shape), v0.src.reshape(shape)
-        self.keep = self._surviving_exits(a, vt, vm, post, quantum, deadline)
+        self.keep = self._surviving_exits(a, vt, vm, post, ratio, deadline)
         if len(self.keep) < r:
             pick = np.ix_(self.keep, self.keep)
             a = Factor(a.scope, a.t[pick], a.m[pick], a.src[pick], "matrix", depth=a.depth)
@@ -342,7 +337,7 @@ class _ChainBuilder:
             to_come = _rest_of_chain(a, self.n, post)
             self.cut += _cut(vs[0], ceiling, *to_come[self.n], compact=False)   # unfold reads v0's columns
         for k in range(1, self.n + 1):
-            nxt = fx.combine(vs[-1], a, eliminate=-1, quantum=quantum, deadline=deadline)
+            nxt = fx.combine(vs[-1], a, eliminate=-1, ratio=ratio, deadline=deadline)
             nxt.scope = scope  # (-3, -2) / (-2,): the new exits take the place of the old
             if ceiling is not None:
                 self.cut += _cut(nxt, ceiling, *to_come[self.n - k])
@@ -368,7 +363,7 @@ class _ChainBuilder:
 
         chained = Factor(self.xl, t.reshape(kl + (width,)), m.reshape(kl + (width,)), src, "chain",
                          (), None, last.depth, {"reconstruct": unfold})
-        return _combine_all([chained] + post, quantum, deadline)
+        return _combine_all([chained] + post, ratio, deadline)
 
     def _unfold(self, ctx, point, assignment, stack) -> None:
         blocks, kx, keep = self.layout.blocks, self.kx, self.keep
@@ -394,7 +389,7 @@ class _ChainBuilder:
             ctx0.update((v, ctx[v]) for v in self.xl)
         stack.append((self.v0, point, {v: ctx0[v] for v in self.v0.scope}))
 
-    def _surviving_exits(self, a: Factor, vt, vm, post: list[Factor], quantum, deadline) -> np.ndarray:
+    def _surviving_exits(self, a: Factor, vt, vm, post: list[Factor], ratio, deadline) -> np.ndarray:
         """The exit configurations that no other does at least as well as, into and out of
         every block and in what precedes and follows the chain (``dominance.surviving_exits``);
         all of them where the rest of the graph joins the first exits and the last."""
@@ -405,7 +400,7 @@ class _ChainBuilder:
         slices += [(a.t[x], a.m[x]) for x in range(r)]              # into each exit, from x
         slices += [(a.t[:, x], a.m[:, x]) for x in range(r)]        # out of each exit, to x
         if post:
-            p = _permute(_pad_scope(_combine_all(post, quantum, deadline), self.xl, self.sizes), self.xl)
+            p = _permute(_pad_scope(_combine_all(post, ratio, deadline), self.xl, self.sizes), self.xl)
             slices.append((p.t.reshape(r, -1), p.m.reshape(r, -1)))
         return surviving_exits(slices)
 
