@@ -9,6 +9,11 @@ smaller (``engine.solve``, ``engine.peaksolve.solve_peak``), and each plan the e
 would return then has one no slower within a factor (1 + ε) of its memory, in the memory the
 job searched. The caller records which jobs fell back and why
 (``Frontier.stats["approximated"]``, ``Frontier.caption``).
+
+:func:`solve_in_turn` runs jobs one after another (the serial search, and each worker's group
+of jobs): it skips those the frontier found so far dominates, and a job whose chain's job
+before it (the ZeRO stages of one mesh: like graphs, like cost to solve) fell back starts at
+the ε that one needed instead of repeating its failed attempts.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from .engine import SolveTimeout, memguard
+from .engine.bounds import dominated
 from .engine.memguard import SearchMemoryExceeded
+from .engine.pareto import pareto
 
-__all__ = ["solve_job", "FALLBACK_SHARE", "FALLBACK_STEPS"]
+__all__ = ["solve_job", "solve_in_turn", "FALLBACK_SHARE", "FALLBACK_STEPS"]
 
 # Under a time limit, the share of the time left that an attempt may take before the next one,
 # with a larger ε, has the rest.
@@ -27,23 +34,54 @@ FALLBACK_SHARE = 0.5
 FALLBACK_STEPS = (1.0, 10.0)
 
 
-def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = None
-              ) -> tuple[list, dict | None]:
+def solve_in_turn(jobs: list, indices: list[int], deadline, found: np.ndarray, prune: bool,
+                  fallback: float | None, bar=None) -> tuple[dict[int, list | None], dict[int, dict]]:
+    """Jobs ``indices`` in that order: per index its candidates, or None where ``prune`` and
+    ``found`` (the frontier found so far, (time, peak) points; it grows with each job's) already
+    dominate its bound; and the records of those solved with ε (:func:`solve_job`). ``bar``
+    shows each job's label and advances once per job."""
+    out: dict[int, list | None] = {}
+    approx: dict[int, dict] = {}
+    needed: dict[str, float] = {}          # chain -> the ε its last job fell back to
+    for i in indices:
+        job = jobs[i]
+        if bar is not None:
+            bar.set_postfix_str(job.label)
+        memguard.check()
+        if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
+            out[i] = None
+        else:
+            out[i], why = solve_job(job, deadline, found if prune else None, fallback,
+                                    start=needed.get(job.chain) if job.chain else None)
+            if why is not None:
+                approx[i] = why
+                if job.chain:
+                    needed[job.chain] = why["epsilon"]
+            if out[i]:
+                found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in out[i]]]))
+        if bar is not None:
+            bar.update(1)
+    return out, approx
+
+
+def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = None,
+              start: float | None = None) -> tuple[list, dict | None]:
     """``job``'s candidates and None -- or, where its exact solve passed the memory cap or
     ``FALLBACK_SHARE`` of the time left (``deadline``: the search's ``search_options.Deadline``)
     and ``fallback`` is an ε above the search's own, those of its (1+ε)-approximate solve and a
     record of it (``{"job", "epsilon", "reason"}``): ε is ``fallback``, or ten times it where
-    that too passed the cap or its share of the time. Without ``fallback`` the job's errors end
-    the search as they are."""
+    that too passed the cap or its share of the time. ``start``: the ε the job before it in its
+    chain fell back to; the attempts below it are skipped (reason ``"chain"``). Without
+    ``fallback`` the job's errors end the search as they are."""
     attempts = [None] + ([] if fallback is None else [fallback * k for k in FALLBACK_STEPS])
     reason = None
+    if start is not None and fallback is not None:
+        attempts = [e for e in attempts[1:] if e >= start * (1 - 1e-9)] or attempts[-1:]
+        reason = "chain"
     for n, eps in enumerate(attempts):
         last = n == len(attempts) - 1
         limit = deadline.remaining_s()
-        what = job.label if eps is None else (
-            f"{job.label} (again with epsilon = {eps:g}, the solve before passing "
-            f"{'its memory cap' if reason == 'memory' else 'its share of the time'})")
-        with deadline.solving(what):
+        with deadline.solving(_what(job, eps, reason)):
             share = limit if last or limit is None else limit * FALLBACK_SHARE
             try:
                 if eps is None:
@@ -60,3 +98,13 @@ def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = 
                 reason = "time"
         # out of the handler: what the failed attempt held is freed before the next one runs
     raise AssertionError("unreachable")
+
+
+def _what(job, eps: float | None, reason: str | None) -> str:
+    """The job's label for error messages, with the ε it is being solved with and why."""
+    if eps is None:
+        return job.label
+    if reason == "chain":
+        return f"{job.label} (with epsilon = {eps:g}, as the job before it on {job.chain} needed)"
+    before = "its memory cap" if reason == "memory" else "its share of the time"
+    return f"{job.label} (again with epsilon = {eps:g}, the solve before passing {before})"

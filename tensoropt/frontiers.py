@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,9 +89,11 @@ class Frontier:
                 f"here no slower with at most {1 + eps:g}x its memory (its peak where its job's peak search was "
                 "exact, stats['peak_search'])")
         if fell:
-            reasons = sorted({"the memory cap" if r["reason"] == "memory" else "half the time left" for r in fell})
-            text += (f"; {len(fell)} of {self.stats.get('jobs', '?')} jobs solved with ε after their exact "
-                     f"solve passed {' or '.join(reasons)} (stats['approximated'])")
+            why = {"memory": "their exact solve passed the memory cap", "time": "their exact solve passed half the "
+                   "time left", "chain": "the job before them on their mesh fell back"}
+            counts = Counter(r["reason"] for r in fell)
+            text += (f"; {len(fell)} of {self.stats.get('jobs', '?')} jobs solved with ε (stats['approximated']): "
+                     + ", ".join(f"{n} as {why[r]}" for r, n in sorted(counts.items())))
         return text
 
     def to_pandas(self):

@@ -24,10 +24,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .engine import memguard
-from .engine.bounds import dominated
-from .engine.pareto import pareto
-from .fallback import solve_job
+from .fallback import solve_in_turn
 from .plan_builder import Candidate
 from .search_options import Deadline
 from .search_pool import can_fork, groups_of, run_parallel
@@ -66,25 +63,9 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
         results, skipped, approx, pool = run_parallel(jobs, order, deadline, bar, prune, workers, fallback)
         return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, **pool,
                                                  "approximated": [approx[i] for i in sorted(approx)]}
-    found = np.zeros((0, 2))
-    results: list[list[Candidate]] = [[] for _ in jobs]
-    approx: dict[int, dict] = {}
-    skipped = 0
-    for i in order:
-        job = jobs[i]
-        if bar is not None:
-            bar.set_postfix_str(job.label)
-        memguard.check()
-        if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
-            skipped += 1
-        else:
-            results[i], why = solve_job(job, deadline, found if prune else None, fallback)
-            if why is not None:
-                approx[i] = why
-            if results[i]:
-                found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in results[i]]]))
-        if bar is not None:
-            bar.update(1)
+    out, approx = solve_in_turn(jobs, order, deadline, np.zeros((0, 2)), prune, fallback, bar)
+    results = [out[i] or [] for i in range(len(jobs))]
+    skipped = sum(c is None for c in out.values())
     return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1,
                                              "approximated": [approx[i] for i in sorted(approx)]}
 

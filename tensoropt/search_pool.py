@@ -29,9 +29,8 @@ from functools import partial
 import numpy as np
 
 from .engine import memguard
-from .engine.bounds import dominated
 from .engine.pareto import pareto
-from .fallback import solve_job
+from .fallback import solve_in_turn
 
 __all__ = ["usable_cpus", "can_fork", "fork_map", "run_parallel"]
 
@@ -124,19 +123,7 @@ def _solve_group(indices: list[int], found: np.ndarray) -> bytes:
     jobs, deadline, prune, fallback = _STATE["jobs"], _STATE["deadline"], _STATE["prune"], _STATE["fallback"]
     counters = _STATE["counters"]
     before = {k: Counter(c) for k, c in counters.items()}
-    out: dict[int, list | None] = {}
-    approx: dict[int, dict] = {}
-    for i in indices:
-        job = jobs[i]
-        memguard.check()
-        if prune and dominated(job.bound.time_within, job.bound.memory_min, found):
-            out[i] = None
-            continue
-        out[i], why = solve_job(job, deadline, found if prune else None, fallback)
-        if why is not None:
-            approx[i] = why
-        if out[i]:
-            found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in out[i]]]))
+    out, approx = solve_in_turn(jobs, indices, deadline, found, prune, fallback)
     grown = {k: c - before[k] for k, c in counters.items()}
     buf = io.BytesIO()
     _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, approx, grown))
@@ -206,7 +193,7 @@ def groups_of(jobs, order: list[int]) -> list[list[int]]:
 def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: int,
                  fallback: float | None = None) -> tuple[list, int, dict, dict]:
     """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
-    with the ``fallback`` ε (index -> ``search_jobs.solve_job``'s record), and stats of the
+    with the ``fallback`` ε (index -> ``fallback.solve_job``'s record), and stats of the
     pool: workers and the most memory parent and workers held together at any check."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))

@@ -71,6 +71,37 @@ def test_where_the_fallback_too_passes_the_cap_ten_times_it_is_tried(needs):
     assert tried == [None, 0.01, pytest.approx(0.1)][:len(tried)] and tried[-1] == pytest.approx(needs)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_jobs_after_one_that_fell_back_on_its_chain_start_at_its_epsilon(workers):
+    """The ZeRO stages of one mesh are one chain: alike graphs, alike cost to solve. Where the
+    first needed ten times the fallback ε, the next tries neither the exact solve nor the ε
+    below; a job on another chain starts exact."""
+    if workers > 1 and not can_fork():
+        pytest.skip("worker processes are forked")
+    import multiprocessing as mp
+
+    tried = mp.get_context("fork").Manager().list() if workers > 1 else []
+
+    def needs(eps_needed, name):
+        def solve(limit, ceiling, epsilon=None):
+            tried.append((name, epsilon))
+            if eps_needed and (epsilon is None or epsilon < eps_needed * (1 - 1e-9)):
+                raise SearchMemoryExceeded("the search holds 9 GiB, past its memory cap of 4 GiB")
+            return [Candidate(1.0, 1.0, 1.0, _plan)]
+        return solve
+    jobs = [Job("a0", _bound(1.0, 4.0), needs(0.1, "a0"), chain="mesh a"),
+            Job("a2", _bound(2.0, 3.0), needs(0.1, "a2"), chain="mesh a"),
+            Job("b0", _bound(3.0, 2.0), needs(0.0, "b0"), chain="mesh b")]
+    _, stats = run_jobs(jobs, Deadline(None, "test"), workers=workers, fallback=0.01, prune=False)
+    assert [(r["job"], r["reason"]) for r in stats["approximated"]] == [("a0", "memory"), ("a2", "chain")]
+    assert all(r["epsilon"] == pytest.approx(0.1) for r in stats["approximated"])
+    by_job = {}
+    for name, eps in tried:
+        by_job.setdefault(name, []).append(eps)
+    assert by_job["a0"] == [None, 0.01, pytest.approx(0.1)]
+    assert by_job["a2"] == [pytest.approx(0.1)] and by_job["b0"] == [None]
+
+
 def test_a_slow_exact_solve_gets_its_share_of_the_time_then_the_fallback_the_rest():
     given = []
 
@@ -113,8 +144,11 @@ def test_fallback_plans_are_within_the_stated_bound_of_the_exact_frontier(monkey
     monkeypatch.setattr(mesh_search, "solve_problem", capped)
     approx = tensoropt.frontier("cnn-tiny", "4xA100-80GB", **kw)
     fell = approx.stats["approximated"]
-    assert fell and all(r["reason"] == "memory" and r["epsilon"] == eps and f"mesh {target}" in r["job"]
-                        for r in fell)
+    # the mesh's ZeRO stage solved first passed the cap; the others started at its ε
+    assert sorted(r["reason"] for r in fell) == ["chain", "chain", "memory"]
+    assert all(r["epsilon"] == eps and f"mesh {target}" in r["job"] for r in fell)
+    assert "1 as their exact solve passed the memory cap" in approx.caption()
+    assert "2 as the job before them on their mesh fell back" in approx.caption()
     assert f"ε = {eps:g}" in approx.caption() and approx.to_pandas().attrs["caption"] == approx.caption()
     assert f"ε = {eps:g}" in repr(approx) and approx.epsilon == eps and exact.epsilon == 0
     on_mesh = [p for p in approx.plans if p.mesh_shape == (2, 2)]
