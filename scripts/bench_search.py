@@ -219,8 +219,8 @@ def main(argv=None) -> int:
         checks = []
         for model, devices, settings in SPACE_CHECKS:
             print(f"{model} on {devices} {settings}, fine and coarse ...", flush=True)
-            checks.append({**space_check(model, devices, settings, args.time_limit), "commit": _commit(),
-                           "date": _now()})
+            started = {"commit": _commit(), "date": _now()}      # what ran: the code as the check began
+            checks.append({**space_check(model, devices, settings, args.time_limit), **started})
             print(json.dumps(checks[-1]), flush=True)
             doc = json.loads(out.read_text()) if out.exists() else {"results": [], "targets": []}
             doc["space_checks"] = checks
