@@ -25,7 +25,7 @@ from .engine.bounds import dominated
 from .engine.memguard import SearchMemoryExceeded
 from .engine.pareto import pareto
 
-__all__ = ["solve_job", "solve_in_turn", "FALLBACK_SHARE", "FALLBACK_STEPS"]
+__all__ = ["solve_job", "solve_in_turn", "with_candidates", "FALLBACK_SHARE", "FALLBACK_STEPS"]
 
 # Under a time limit, the share of the time left that an attempt may take before the next one,
 # with a larger ε, has the rest.
@@ -58,10 +58,15 @@ def solve_in_turn(jobs: list, indices: list[int], deadline, found: np.ndarray, p
                 if job.chain:
                     needed[job.chain] = why["epsilon"]
             if out[i]:
-                found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in out[i]]]))
+                found = with_candidates(found, out[i])
         if bar is not None:
             bar.update(1)
     return out, approx
+
+
+def with_candidates(found: np.ndarray, candidates: list) -> np.ndarray:
+    """The frontier found so far, (time, peak) points, grown by a job's candidates."""
+    return pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in candidates]]))
 
 
 def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = None,

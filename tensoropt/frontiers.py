@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-
 from dataclasses import dataclass, field
 
 import numpy as np

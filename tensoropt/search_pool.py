@@ -29,8 +29,7 @@ from functools import partial
 import numpy as np
 
 from .engine import memguard
-from .engine.pareto import pareto
-from .fallback import solve_in_turn
+from .fallback import solve_in_turn, with_candidates
 
 __all__ = ["usable_cpus", "can_fork", "fork_map", "run_parallel"]
 
@@ -238,7 +237,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                             else:
                                 results[i] = cands
                                 if cands:
-                                    found = pareto(np.vstack([found, [(c.time_s, c.peak_bytes) for c in cands]]))
+                                    found = with_candidates(found, cands)
                         if bar is not None:
                             bar.update(len(group))
                     memguard.check()
