@@ -381,13 +381,13 @@ def test_block_pruned_sums_match_dense(monkeypatch):
     assert_same_frontier(solve(g).points, solve(g, use_blocks=False).points)
 
 
-def _frontier_lists(rng, rows, n_c, width, ties, holes):
-    """(rows, n_c, width) frontiers sorted by time, inf-padded; ``ties``: integer costs, so
-    many candidates are equal; ``holes``: some lists have an inf point inside."""
+def _frontier_lists(rng, rows, n_c, width, ties, holes, levels=6):
+    """(rows, n_c, width) frontiers sorted by time, inf-padded; ``ties``: integer costs below
+    ``levels``, so many candidates are equal; ``holes``: some lists have an inf point inside."""
     t = np.full((rows, n_c, width), np.inf)
     m = np.full((rows, n_c, width), np.inf)
     for r, c in itertools.product(range(rows), range(n_c)):
-        pts = rng.integers(0, 6, size=(3 * width, 2)).astype(float) if ties else rng.random((3 * width, 2))
+        pts = rng.integers(0, levels, size=(3 * width, 2)).astype(float) if ties else rng.random((3 * width, 2))
         pt, pm, src = pareto_mod.prune_rows(pts[None, :, 0], pts[None, :, 1])
         n = int(min(rng.integers(0, width + 1), (src >= 0).sum()))
         t[r, c, :n], m[r, c, :n] = pt[0, :n], pm[0, :n]
@@ -409,6 +409,31 @@ def test_compiled_union_of_sums_keeps_what_pruning_every_candidate_keeps(seed):
     ties, holes, ratio = seed % 3 == 0, seed % 5 == 0, (0.0, 0.0, 0.0, 0.7)[seed % 4]
     ft, fm = _frontier_lists(rng, rows, n_c, wf, ties, holes)
     gt, gm = _frontier_lists(rng, rows, n_c, wg, ties, holes)
+    got = fx._sum_prune_native(lib, ft, fm, gt, gm, ratio)
+    want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
+                                 (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), ratio)
+    for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
+        w = max(a.shape[1], b.shape[1])
+        pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
+        assert np.array_equal(pad(a), pad(b))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_compiled_union_of_wide_sums_merged_in_time_order(seed):
+    """Wide lists take pareto_sum2's merge in time order (one run per entry of the shorter
+    list): the same points and back-pointers as pruning every candidate, whichever list is
+    the longer, with ties, and with rows whose inf holes send them to the other loop."""
+    fx = importlib.import_module("tensoropt.engine.factors")
+    lib = fx.kernels()
+    if lib is None:
+        pytest.skip("no C compiler")
+    rng = np.random.default_rng(1000 + seed)
+    rows, n_c = (int(x) for x in rng.integers(1, [4, 5]))
+    wide, narrow = int(rng.integers(32, 120)), int(rng.integers(1, 20))
+    wf, wg = (wide, narrow) if seed % 2 else (narrow, wide)
+    ties, holes, ratio = seed % 3 == 0, seed % 4 == 1, (0.0, 0.0, 0.0, 0.0, 0.0, 0.5)[seed % 6]
+    ft, fm = _frontier_lists(rng, rows, n_c, wf, ties, holes, levels=2 * wf)
+    gt, gm = _frontier_lists(rng, rows, n_c, wg, ties, holes, levels=2 * wg)
     got = fx._sum_prune_native(lib, ft, fm, gt, gm, ratio)
     want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
                                  (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), ratio)

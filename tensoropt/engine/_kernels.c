@@ -490,6 +490,116 @@ static int64_t sorted_prefix(const double *t, const double *m, int64_t w) {
     return n;
 }
 
+/* Candidates of one row in time order: one run per (e, entry of the shorter list), along
+ * the longer list, which must be a staircase (time ascending, memory not rising) for each e.
+ * A run's head is the next candidate it can give; runs sit in a binary heap keyed by (time,
+ * memory, back-pointer), the order in which a candidate is kept exactly when its memory is
+ * below every candidate's before it. A head that is not kept moves on, by bisection, to the
+ * first point of its run below that memory, or the run ends. Every kept candidate goes to
+ * the staircase's end: no candidate is inserted and later removed. */
+#ifndef MERGE_MIN_WIDTH
+#define MERGE_MIN_WIDTH 32
+#endif
+typedef struct { double t, m; int64_t src, run, pos; } head;
+
+static inline int head_before(const head *a, const head *b) {
+    if (a->t != b->t) return a->t < b->t;
+    if (a->m != b->m) return a->m < b->m;
+    return a->src < b->src;
+}
+
+static void sift_down(head *h, int64_t n, int64_t i) {
+    head x = h[i];
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && head_before(&h[c + 1], &h[c])) c++;
+        if (!head_before(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = x;
+}
+
+typedef struct {
+    const double *lt, *lm;     /* the longer list of this run's e */
+    double st, sm;             /* the shorter list's entry */
+    int64_t len, code, step;   /* finite prefix; back-pointer at pos 0, and per pos */
+} run;
+
+static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const double *am,
+                     const double *bt, const double *bm, int f_long, stair *s, workspace *w)
+{
+    int64_t wl = f_long ? wf : wg, ws = f_long ? wg : wf;
+    run *runs = malloc((ne * ws > 0 ? ne * ws : 1) * sizeof(run));
+    head *h = malloc((ne * ws > 0 ? ne * ws : 1) * sizeof(head));
+    if (!runs || !h) { free(runs); free(h); return -1; }
+    int64_t n = 0;
+    for (int64_t e = 0; e < ne; e++) {
+        const double *lt = (f_long ? at : bt) + e * wl, *lm = (f_long ? am : bm) + e * wl;
+        const double *st = (f_long ? bt : at) + e * ws, *sm = (f_long ? bm : am) + e * ws;
+        int64_t len = sorted_prefix(lt, lm, wl);
+        if (len <= 0) continue;
+        for (int64_t k = 0; k < ws; k++) {
+            if (!isfinite(st[k])) continue;
+            run *q = runs + n;
+            q->lt = lt; q->lm = lm; q->st = st[k]; q->sm = sm[k]; q->len = len;
+            /* src = (e * wf + i) * wg + j, with i or j the position along the run */
+            q->code = f_long ? e * wf * wg + k : (e * wf + k) * wg;
+            q->step = f_long ? wg : 1;
+            head *x = h + n;
+            x->t = f_long ? lt[0] + st[k] : st[k] + lt[0];
+            x->m = f_long ? lm[0] + sm[k] : sm[k] + lm[0];
+            x->src = q->code; x->run = n; x->pos = 0;
+            n++;
+        }
+    }
+    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(h, n, i);
+    double below = INFINITY;
+    while (n > 0) {
+        head *x = h;
+        run *q = runs + x->run;
+        int64_t pos;
+        if (x->m < below) {
+            if (stair_room(s, w)) { free(runs); free(h); return -1; }
+            s->u[s->n] = x->t; s->w[s->n] = x->m; s->s[s->n] = x->src; s->n++;
+            below = x->m;
+            pos = x->pos + 1;
+        } else {   /* the first later point of the run below `below`, or none */
+            int64_t lo = x->pos + 1, hi = q->len;
+            while (lo < hi) {
+                int64_t mid = (lo + hi) / 2;
+                double m = f_long ? q->lm[mid] + q->sm : q->sm + q->lm[mid];
+                if (m < below) hi = mid; else lo = mid + 1;
+            }
+            pos = lo;
+        }
+        if (pos >= q->len) {
+            h[0] = h[--n];
+        } else {
+            x->t = f_long ? q->lt[pos] + q->st : q->st + q->lt[pos];
+            x->m = f_long ? q->lm[pos] + q->sm : q->sm + q->lm[pos];
+            x->src = q->code + pos * q->step;
+            x->pos = pos;
+        }
+        if (n > 0) sift_down(h, n, 0);
+    }
+    free(runs); free(h);
+    return 0;
+}
+
+/* Whether row r's longer lists are all staircases and long enough for merge_row to pay. */
+static int merges(int64_t ne, int64_t wf, int64_t wg, const double *at, const double *am,
+                  const double *bt, const double *bm)
+{
+    int f_long = wf >= wg;
+    int64_t wl = f_long ? wf : wg;
+    if (wl < MERGE_MIN_WIDTH) return 0;
+    for (int64_t e = 0; e < ne; e++)
+        if (sorted_prefix((f_long ? at : bt) + e * wl, (f_long ? am : bm) + e * wl, wl) < 0) return 0;
+    return 1;
+}
+
 int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                 const double *ft, const double *fm, const double *gt, const double *gm,
                 int64_t cap, double *out_t, double *out_m, int64_t *out_src, int64_t *out_count)
@@ -501,6 +611,12 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
     stair_room(&s, &w);
     for (int64_t r = 0; r < rows; r++) {
         s.n = 0;
+        const double *rft = ft + r * ne * wf, *rfm = fm + r * ne * wf;
+        const double *rgt = gt + r * ne * wg, *rgm = gm + r * ne * wg;
+        if (merges(ne, wf, wg, rft, rfm, rgt, rgm)) {
+            if (merge_row(ne, wf, wg, rft, rfm, rgt, rgm, wf >= wg, &s, &w)) { ws_free(&w); return -1; }
+            goto row_done;
+        }
         for (int64_t e = 0; e < ne; e++) {
             const double *at = ft + (r * ne + e) * wf, *am = fm + (r * ne + e) * wf;
             const double *bt = gt + (r * ne + e) * wg, *bm = gm + (r * ne + e) * wg;
@@ -538,6 +654,7 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                 }
             }
         }
+    row_done:
         out_count[r] = s.n;
         if (s.n > cap) { status = 1; continue; }
         memcpy(out_t + r * cap, s.u, s.n * sizeof(double));
