@@ -672,41 +672,103 @@ int pareto_sum2(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
  * dims it does not hold) and the weights run last. The sums add the factors in their
  * order from 0.0 and the minimum keeps the first least, as the numpy code does, so the
  * two give the same numbers. shape: the scope's nd sizes; strides: nf x (nd + 1); out:
- * the scope without axis, then nw, contiguous. Returns 0, or -1 when memory ran out. */
+ * the scope without axis, then nw, contiguous. Returns 0, or -1 when memory ran out.
+ *
+ * A factor's level is the last dim of the rest (the scope without axis, last fastest)
+ * along which it varies, -1 for none. Where the factors come in order of level, the sum
+ * of those up to each level is kept and redone only when a dim at or above that level
+ * moves on: a cell then costs the adds of the factors of the last level alone, not of all
+ * of them. The sums are the same, in the same order. */
+static int varies(const int64_t *shape, const int64_t *st, int d) { return shape[d] > 1 && st[d] != 0; }
+
 int min_sum_step(int nd, const int64_t *shape, int axis, int64_t nw, int nf,
                  const double *const *tables, const int64_t *strides, double *out)
 {
     int64_t kn = shape[axis];
+    int nr = nd > 0 ? nd - 1 : 0;                 /* rest dims, outermost first */
+    int64_t row = kn * nw > 0 ? kn * nw : 1;
+    int *rest = calloc(nd > 0 ? nd : 1, sizeof(int));
+    int *level = calloc(nf > 0 ? nf : 1, sizeof(int));
     int64_t *idx = calloc(nd > 0 ? nd : 1, sizeof(int64_t));
     int64_t *base = calloc(nf > 0 ? nf : 1, sizeof(int64_t));
-    double *acc = malloc((kn * nw > 0 ? kn * nw : 1) * sizeof(double));
-    if (!idx || !base || !acc) { free(idx); free(base); free(acc); return -1; }
+    double *acc = malloc((nr + 1) * row * sizeof(double));
+    int *lastf = calloc(nf > 0 ? nf : 1, sizeof(int));
+    if (!rest || !level || !idx || !base || !acc || !lastf) {
+        free(rest); free(level); free(idx); free(base); free(acc); free(lastf); return -1;
+    }
+    for (int d = 0, p = 0; d < nd; d++) if (d != axis) rest[p++] = d;
     int dense = 1;                          /* every table's weights contiguous */
-    for (int f = 0; f < nf; f++) if (strides[(int64_t)f * (nd + 1) + nd] != 1) dense = 0;
+    int ordered = 1;                        /* factors in order of level */
+    for (int f = 0; f < nf; f++) {
+        const int64_t *st = strides + (int64_t)f * (nd + 1);
+        if (st[nd] != 1) dense = 0;
+        level[f] = -1;
+        for (int p = 0; p < nr; p++) if (varies(shape, st, rest[p])) level[f] = p;
+        if (f > 0 && level[f] < level[f - 1]) ordered = 0;
+    }
+    if (!ordered) for (int f = 0; f < nf; f++) level[f] = nr - 1;   /* one level: every add per cell */
+    /* sums[p + 1]: the factors of levels <= p; sums[0] holds those of level -1 */
+    double *sums = acc;
     int64_t cells = 1;
-    for (int d = 0; d < nd; d++) if (d != axis) cells *= shape[d];
+    for (int p = 0; p < nr; p++) cells *= shape[rest[p]];
+    int from = -1;                          /* the outermost level to redo */
+    int last = nr - 1;                      /* the level summed on the fly, cell by cell */
+    int nlast = 0;
+    for (int f = 0; f < nf; f++) if (level[f] == last) lastf[nlast++] = f;
     for (int64_t c = 0; c < cells; c++) {
-        for (int64_t q = 0; q < kn * nw; q++) acc[q] = 0.0;
-        for (int f = 0; f < nf; f++) {
-            const int64_t *st = strides + (int64_t)f * (nd + 1);
-            const double *t = tables[f] + base[f];
-            int64_t sk = st[axis], sw = st[nd];
-            for (int64_t k = 0; k < kn; k++) {
-                double *a = acc + k * nw;
-                const double *tk = t + k * sk;
-                if (dense) for (int64_t w = 0; w < nw; w++) a[w] += tk[w];
-                else for (int64_t w = 0; w < nw; w++) a[w] += tk[w * sw];
+        for (int p = from; p < (last < 0 ? 0 : last); p++) {   /* with no rest, level -1 is the total */
+            double *a = sums + (int64_t)(p + 1) * row;
+            if (p < 0) for (int64_t q = 0; q < kn * nw; q++) a[q] = 0.0;
+            else memcpy(a, a - row, kn * nw * sizeof(double));
+            for (int f = 0; f < nf; f++) {
+                if (level[f] != p) continue;
+                const int64_t *st = strides + (int64_t)f * (nd + 1);
+                const double *t = tables[f] + base[f];
+                int64_t sk = st[axis], sw = st[nd];
+                for (int64_t k = 0; k < kn; k++) {
+                    double *ak = a + k * nw;
+                    const double *tk = t + k * sk;
+                    if (dense) for (int64_t w = 0; w < nw; w++) ak[w] += tk[w];
+                    else for (int64_t w = 0; w < nw; w++) ak[w] += tk[w * sw];
+                }
             }
         }
+        const double *prev = sums + (int64_t)(last < 0 ? 0 : last) * row;
         double *o = out + c * nw;
-        for (int64_t w = 0; w < nw; w++) o[w] = acc[w];
-        for (int64_t k = 1; k < kn; k++) {
-            const double *a = acc + k * nw;
-            for (int64_t w = 0; w < nw; w++) if (a[w] < o[w]) o[w] = a[w];
+        if (last < 0) {                     /* no rest: the level -1 sums are the total */
+            for (int64_t w = 0; w < nw; w++) o[w] = prev[w];
+            for (int64_t k = 1; k < kn; k++)
+                for (int64_t w = 0; w < nw; w++) o[w] = prev[k * nw + w] < o[w] ? prev[k * nw + w] : o[w];
+        } else {
+            double *v = sums + (int64_t)nr * row;    /* one k's sums, then the next's */
+            if (nlast == 1 && dense) {
+                const int64_t sk = strides[(int64_t)lastf[0] * (nd + 1) + axis];
+                const double *t = tables[lastf[0]] + base[lastf[0]];
+                for (int64_t w = 0; w < nw; w++) o[w] = prev[w] + t[w];
+                for (int64_t k = 1; k < kn; k++) {
+                    const double *pk = prev + k * nw, *tk = t + k * sk;
+                    for (int64_t w = 0; w < nw; w++) {
+                        double x = pk[w] + tk[w];
+                        o[w] = x < o[w] ? x : o[w];
+                    }
+                }
+            } else for (int64_t k = 0; k < kn; k++) {
+                memcpy(v, prev + k * nw, nw * sizeof(double));
+                for (int q = 0; q < nlast; q++) {
+                    const int64_t *st = strides + (int64_t)lastf[q] * (nd + 1);
+                    const double *tk = tables[lastf[q]] + base[lastf[q]] + k * st[axis];
+                    if (dense) for (int64_t w = 0; w < nw; w++) v[w] += tk[w];
+                    else for (int64_t w = 0; w < nw; w++) v[w] += tk[w * st[nd]];
+                }
+                if (k == 0) memcpy(o, v, nw * sizeof(double));
+                else for (int64_t w = 0; w < nw; w++) o[w] = v[w] < o[w] ? v[w] : o[w];
+            }
         }
-        /* the next cell of the scope without axis, last dim fastest */
-        for (int d = nd - 1; d >= 0; d--) {
-            if (d == axis) continue;
+        /* the next cell of the rest, last dim fastest */
+        from = last;
+        for (int p = nr - 1; p >= 0; p--) {
+            int d = rest[p];
+            from = p;
             idx[d]++;
             for (int f = 0; f < nf; f++) base[f] += strides[(int64_t)f * (nd + 1) + d];
             if (idx[d] < shape[d]) break;
@@ -714,6 +776,6 @@ int min_sum_step(int nd, const int64_t *shape, int axis, int64_t nw, int nf,
             idx[d] = 0;
         }
     }
-    free(idx); free(base); free(acc);
+    free(rest); free(level); free(idx); free(base); free(acc); free(lastf);
     return 0;
 }

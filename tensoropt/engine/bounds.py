@@ -196,6 +196,7 @@ def _sum_min(aligned: list[np.ndarray], scope: tuple[int, ...], axis: int, sizes
     """min over ``axis`` of the sum of ``aligned`` (broadcastable over ``scope``, then weights)."""
     n_w = aligned[0].shape[-1]
     cells = int(np.prod([sizes[v] for v in scope], dtype=np.int64)) * n_w
+    aligned = sorted(aligned, key=lambda t: _level(t, axis))
     lib = kernels()
     if lib is not None and cells > _NATIVE_CELLS:
         return _sum_min_native(lib, aligned, scope, axis, sizes)
@@ -210,6 +211,14 @@ def _sum_min(aligned: list[np.ndarray], scope: tuple[int, ...], axis: int, sizes
             acc += t[(slice(None),) * axis + (min(k, t.shape[axis] - 1),)]
         np.minimum(best, acc, out=best)
     return best
+
+
+def _level(table: np.ndarray, axis: int) -> int:
+    """The last dim of the scope other than ``axis`` along which ``table`` varies (-1: none).
+    Factors summed in this order let the compiled step keep the partial sums of the earlier
+    levels while the later dims run; both paths add in the same order."""
+    dims = [d for d in range(table.ndim - 1) if d != axis and table.shape[d] > 1]
+    return max(dims) - (max(dims) > axis) if dims else -1
 
 
 # small steps stay in numpy: a call into the kernel has a fixed cost (argument arrays, ctypes)
