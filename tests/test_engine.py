@@ -443,6 +443,31 @@ def test_compiled_union_of_wide_sums_merged_in_time_order(seed):
         assert np.array_equal(pad(a), pad(b))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_wide_sums_where_distinct_times_round_to_one(seed):
+    """Times a few ulps apart plus times a thousand times larger round to one sum: the merge
+    in time order still keeps what pruning every candidate keeps, lowest back-pointers on ties."""
+    fx = importlib.import_module("tensoropt.engine.factors")
+    lib = fx.kernels()
+    if lib is None:
+        pytest.skip("no C compiler")
+    rng = np.random.default_rng(2000 + seed)
+    rows, n_c, wide, narrow = 2, 3, 64, 6
+    ft = 1e-3 + np.cumsum(rng.integers(1, 4, size=(rows, n_c, wide)) * 2.2e-19, axis=-1)
+    fm = np.cumsum(rng.integers(0, 3, size=(rows, n_c, wide))[..., ::-1], axis=-1)[..., ::-1] * 1.0
+    gt = np.sort(1.0 + rng.integers(0, 3, size=(rows, n_c, narrow)) * 2.3e-16, axis=-1)
+    gm = np.sort(rng.integers(0, 4, size=(rows, n_c, narrow)) * 1.0, axis=-1)[..., ::-1].copy()
+    assert np.any((ft[..., 1:, None] + gt[..., None, :1]) == (ft[..., :-1, None] + gt[..., None, :1]))
+    for f_t, f_m, g_t, g_m in ((ft, fm, gt, gm), (gt, gm, ft, fm)):        # the long list either side
+        got = fx._sum_prune_native(lib, f_t, f_m, g_t, g_m, 0.0)
+        want = pareto_mod.prune_rows((f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1),
+                                     (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1), 0.0)
+        for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
+            w = max(a.shape[1], b.shape[1])
+            pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
+            assert np.array_equal(pad(a), pad(b))
+
+
 def test_compiled_and_numpy_sums_give_the_same_frontiers(monkeypatch):
     fx = importlib.import_module("tensoropt.engine.factors")
     if fx.kernels() is None:

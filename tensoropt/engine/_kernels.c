@@ -496,11 +496,15 @@ static int64_t sorted_prefix(const double *t, const double *m, int64_t w) {
  * memory, back-pointer), the order in which a candidate is kept exactly when its memory is
  * below every candidate's before it. A head that is not kept moves on, by bisection, to the
  * first point of its run below that memory, or the run ends. Every kept candidate goes to
- * the staircase's end: no candidate is inserted and later removed. */
+ * the staircase's end: no candidate is inserted and later removed.
+ *
+ * Sums of distinct times can round to one time; a run's points of one rounded time are
+ * taken as one head, the least memory among them (the first such, the lowest back-pointer),
+ * so that heads come out of each run in strictly rising time: the order the heap needs. */
 #ifndef MERGE_MIN_WIDTH
 #define MERGE_MIN_WIDTH 32
 #endif
-typedef struct { double t, m; int64_t src, run, pos; } head;
+typedef struct { double t, m; int64_t src, run, pos, next; } head;
 
 static inline int head_before(const head *a, const head *b) {
     if (a->t != b->t) return a->t < b->t;
@@ -525,7 +529,25 @@ typedef struct {
     const double *lt, *lm;     /* the longer list of this run's e */
     double st, sm;             /* the shorter list's entry */
     int64_t len, code, step;   /* finite prefix; back-pointer at pos 0, and per pos */
+    int f_long;
 } run;
+
+/* The sums in the order the other loop adds them: f's point, then g's. */
+static inline double run_t(const run *q, int64_t p) { return q->f_long ? q->lt[p] + q->st : q->st + q->lt[p]; }
+static inline double run_m(const run *q, int64_t p) { return q->f_long ? q->lm[p] + q->sm : q->sm + q->lm[p]; }
+
+/* x: the head of run q from position p on (p < len): the points of p's rounded time, the
+ * least memory among them, and where the run goes on after them. */
+static void settle(head *x, const run *q, int64_t p) {
+    double t = run_t(q, p), m = run_m(q, p);
+    int64_t best = p, k = p + 1;
+    for (; k < q->len && run_t(q, k) == t; k++) {
+        double mk = run_m(q, k);
+        if (mk < m) { m = mk; best = k; }
+    }
+    x->t = t; x->m = m; x->pos = best; x->next = k;
+    x->src = q->code + best * q->step;
+}
 
 static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const double *am,
                      const double *bt, const double *bm, int f_long, stair *s, workspace *w)
@@ -543,14 +565,12 @@ static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const
         for (int64_t k = 0; k < ws; k++) {
             if (!isfinite(st[k])) continue;
             run *q = runs + n;
-            q->lt = lt; q->lm = lm; q->st = st[k]; q->sm = sm[k]; q->len = len;
+            q->lt = lt; q->lm = lm; q->st = st[k]; q->sm = sm[k]; q->len = len; q->f_long = f_long;
             /* src = (e * wf + i) * wg + j, with i or j the position along the run */
             q->code = f_long ? e * wf * wg + k : (e * wf + k) * wg;
             q->step = f_long ? wg : 1;
-            head *x = h + n;
-            x->t = f_long ? lt[0] + st[k] : st[k] + lt[0];
-            x->m = f_long ? lm[0] + sm[k] : sm[k] + lm[0];
-            x->src = q->code; x->run = n; x->pos = 0;
+            h[n].run = n;
+            settle(h + n, q, 0);
             n++;
         }
     }
@@ -559,29 +579,20 @@ static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const
     while (n > 0) {
         head *x = h;
         run *q = runs + x->run;
-        int64_t pos;
+        int64_t pos = x->next;
         if (x->m < below) {
             if (stair_room(s, w)) { free(runs); free(h); return -1; }
             s->u[s->n] = x->t; s->w[s->n] = x->m; s->s[s->n] = x->src; s->n++;
             below = x->m;
-            pos = x->pos + 1;
         } else {   /* the first later point of the run below `below`, or none */
-            int64_t lo = x->pos + 1, hi = q->len;
-            while (lo < hi) {
-                int64_t mid = (lo + hi) / 2;
-                double m = f_long ? q->lm[mid] + q->sm : q->sm + q->lm[mid];
-                if (m < below) hi = mid; else lo = mid + 1;
+            int64_t hi = q->len;
+            while (pos < hi) {
+                int64_t mid = (pos + hi) / 2;
+                if (run_m(q, mid) < below) hi = mid; else pos = mid + 1;
             }
-            pos = lo;
         }
-        if (pos >= q->len) {
-            h[0] = h[--n];
-        } else {
-            x->t = f_long ? q->lt[pos] + q->st : q->st + q->lt[pos];
-            x->m = f_long ? q->lm[pos] + q->sm : q->sm + q->lm[pos];
-            x->src = q->code + pos * q->step;
-            x->pos = pos;
-        }
+        if (pos >= q->len) h[0] = h[--n];
+        else settle(x, q, pos);
         if (n > 0) sift_down(h, n, 0);
     }
     free(runs); free(h);
