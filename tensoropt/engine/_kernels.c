@@ -501,7 +501,7 @@ static int64_t sorted_prefix(const double *t, const double *m, int64_t w) {
  * Sums of distinct times can round to one time; a run's points of one rounded time are
  * taken as one head, the least memory among them (the first such, the lowest back-pointer),
  * so that heads come out of each run in strictly rising time: the order the heap needs. */
-#define MERGE_MIN_WIDTH 32     /* shorter longer lists take the insertion loop below */
+#define MERGE_MIN_WIDTH 32     /* rows whose longer list is shorter take the insertion loop */
 typedef struct { double t, m; int64_t src, run, pos, next; } head;
 
 static inline int head_before(const head *a, const head *b) {
