@@ -396,6 +396,19 @@ def _frontier_lists(rng, rows, n_c, width, ties, holes, levels=6):
     return t, m
 
 
+def _assert_native_sum_prunes_every_candidate(fx, lib, ft, fm, gt, gm, ratio):
+    """pareto_sum2 against prune_rows over every (c, i, j): the same points and, among equal
+    ones, the same (lowest) back-pointer."""
+    rows = ft.shape[0]
+    got = fx._sum_prune_native(lib, ft, fm, gt, gm, ratio)
+    want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
+                                 (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), ratio)
+    for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
+        w = max(a.shape[1], b.shape[1])
+        pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
+        assert np.array_equal(pad(a), pad(b))
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_compiled_union_of_sums_keeps_what_pruning_every_candidate_keeps(seed):
     """_kernels.c's pareto_sum2 against prune_rows over every (c, i, j): the same points, and
@@ -409,13 +422,7 @@ def test_compiled_union_of_sums_keeps_what_pruning_every_candidate_keeps(seed):
     ties, holes, ratio = seed % 3 == 0, seed % 5 == 0, (0.0, 0.0, 0.0, 0.7)[seed % 4]
     ft, fm = _frontier_lists(rng, rows, n_c, wf, ties, holes)
     gt, gm = _frontier_lists(rng, rows, n_c, wg, ties, holes)
-    got = fx._sum_prune_native(lib, ft, fm, gt, gm, ratio)
-    want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
-                                 (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), ratio)
-    for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
-        w = max(a.shape[1], b.shape[1])
-        pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
-        assert np.array_equal(pad(a), pad(b))
+    _assert_native_sum_prunes_every_candidate(fx, lib, ft, fm, gt, gm, ratio)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -434,13 +441,7 @@ def test_compiled_union_of_wide_sums_merged_in_time_order(seed):
     ties, holes, ratio = seed % 3 == 0, seed % 4 == 1, (0.0, 0.0, 0.0, 0.0, 0.0, 0.5)[seed % 6]
     ft, fm = _frontier_lists(rng, rows, n_c, wf, ties, holes, levels=2 * wf)
     gt, gm = _frontier_lists(rng, rows, n_c, wg, ties, holes, levels=2 * wg)
-    got = fx._sum_prune_native(lib, ft, fm, gt, gm, ratio)
-    want = pareto_mod.prune_rows((ft[..., :, None] + gt[..., None, :]).reshape(rows, -1),
-                                 (fm[..., :, None] + gm[..., None, :]).reshape(rows, -1), ratio)
-    for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
-        w = max(a.shape[1], b.shape[1])
-        pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
-        assert np.array_equal(pad(a), pad(b))
+    _assert_native_sum_prunes_every_candidate(fx, lib, ft, fm, gt, gm, ratio)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -458,14 +459,8 @@ def test_compiled_wide_sums_where_distinct_times_round_to_one(seed):
     gt = np.sort(1.0 + rng.integers(0, 3, size=(rows, n_c, narrow)) * 2.3e-16, axis=-1)
     gm = np.sort(rng.integers(0, 4, size=(rows, n_c, narrow)) * 1.0, axis=-1)[..., ::-1].copy()
     assert np.any((ft[..., 1:, None] + gt[..., None, :1]) == (ft[..., :-1, None] + gt[..., None, :1]))
-    for f_t, f_m, g_t, g_m in ((ft, fm, gt, gm), (gt, gm, ft, fm)):        # the long list either side
-        got = fx._sum_prune_native(lib, f_t, f_m, g_t, g_m, 0.0)
-        want = pareto_mod.prune_rows((f_t[..., :, None] + g_t[..., None, :]).reshape(rows, -1),
-                                     (f_m[..., :, None] + g_m[..., None, :]).reshape(rows, -1), 0.0)
-        for a, b, fill in zip(got, want, (np.inf, np.inf, -1)):
-            w = max(a.shape[1], b.shape[1])
-            pad = lambda x: np.pad(x, ((0, 0), (0, w - x.shape[1])), constant_values=fill)  # noqa: E731
-            assert np.array_equal(pad(a), pad(b))
+    _assert_native_sum_prunes_every_candidate(fx, lib, ft, fm, gt, gm, 0.0)
+    _assert_native_sum_prunes_every_candidate(fx, lib, gt, gm, ft, fm, 0.0)     # the long list as g
 
 
 def test_compiled_and_numpy_sums_give_the_same_frontiers(monkeypatch):
