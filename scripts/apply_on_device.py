@@ -1,4 +1,4 @@
-"""One-device plans of data/validation/h100/plans laid out by tensoropt.parallelize on the device
+"""One-device plans of $PLAN_DIR/plans (default data/validation/h100) laid out by tensoropt.parallelize on the device
 present (CUDA + NCCL on a GPU) and trained 3 AdamW steps, against the same model trained plainly.
 
     torchrun --standalone --nproc-per-node 1 scripts/apply_on_device.py gpt2:none gpt2:op ...
@@ -56,7 +56,8 @@ def main() -> None:
     for spec in sys.argv[1:]:
         name, policy = spec.split(":")
         case = get_case(name)
-        plan = Plan.load(os.path.join(ROOT, "data", "validation", "h100", "plans", f"{name}_{policy}.json"))
+        plan = Plan.load(os.path.join(ROOT, os.environ.get("PLAN_DIR", "data/validation/h100"), "plans",
+                                      f"{name}_{policy}.json"))
         plain = train(case, None)
         torch.cuda.empty_cache()
         laid_out = train(case, plan)

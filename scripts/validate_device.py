@@ -54,7 +54,40 @@ def cmd_plans(args) -> int:
     return 0
 
 
+def cmd_run_isolated(args) -> int:
+    """Every (case, policy) in a process of its own, rows merged into one measured.json: what
+    one case leaves allocated pins segments of the caching allocator, so only a fresh process's
+    reserved peak is the case's own."""
+    import subprocess
+    import tempfile
+
+    from tensoropt.validate.device_cases import CASES, get_case
+
+    os.makedirs(args.out, exist_ok=True)
+    out_path = os.path.join(args.out, "measured.json")
+    machine, rows, rc = None, [], 0
+    for name in args.cases or list(CASES):
+        for policy in get_case(name).policies:
+            with tempfile.TemporaryDirectory() as tmp:
+                cmd = [sys.executable, os.path.abspath(__file__), "run", "--cases", name, "--policies", policy,
+                       "--dir", args.dir, "--out", tmp, "--device", args.device,
+                       "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                rc |= subprocess.run(cmd).returncode
+                try:
+                    got = json.load(open(os.path.join(tmp, "measured.json")))
+                except (OSError, ValueError):
+                    rows.append({"case": name, "policy": policy, "ok": False, "error": "the process wrote no row"})
+                    continue
+            machine = got["machine"] | {"isolated": True}
+            rows += got["rows"]
+            with open(out_path, "w") as f:
+                json.dump({"machine": machine, "rows": rows}, f, indent=1)
+    return rc
+
+
 def cmd_run(args) -> int:
+    if args.isolate:
+        return cmd_run_isolated(args)
     import torch
 
     from tensoropt.plan import Plan
@@ -73,6 +106,8 @@ def cmd_run(args) -> int:
     for name in names:
         case = get_case(name)
         for policy in case.policies:
+            if args.policies and policy not in args.policies:
+                continue
             path = _plan_path(args.dir, name, policy)
             row = {"case": name, "policy": policy, "plan_file": os.path.relpath(path, ROOT)}
             model = None
@@ -224,6 +259,8 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cuda")
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--warmup", type=int, default=3)
+    r.add_argument("--policies", nargs="*", default=None, help="only these recomputation policies")
+    r.add_argument("--isolate", action="store_true", help="every plan in a fresh process (clean reserved peaks)")
     rep = sub.add_parser("report")
     rep.add_argument("--measured", required=True)
     rep.add_argument("--profile", default=None)
