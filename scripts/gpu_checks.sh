@@ -14,7 +14,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$OUT/machine.txt"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
     2>&1 | tee -a "$OUT/machine.txt"
-timeout "${VALIDATE_S:-300}" $PY scripts/validate_device.py run --dir "${PLAN_DIR:-data/validation/h100}" --out "$OUT" \
+# ISOLATE=1: every plan in a fresh process (about twice the time; the only clean reserved peaks)
+timeout "${VALIDATE_S:-300}" $PY scripts/validate_device.py run ${ISOLATE:+--isolate} --dir "${PLAN_DIR:-data/validation/h100}" --out "$OUT" \
     2>&1 | tee "$OUT/validate.log"
 timeout "${PROFILE_S:-180}" $PY -m tensoropt.profile --devices cuda --out "$OUT/profile.json" --no-progress 2>&1 \
     | tee "$OUT/profile.log"
