@@ -196,13 +196,15 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # Extras (masks, statistics) are sharded like the output; a loss's scalar output has no
     # dims, and its extras (the log-softmax) are shaped like its first input.
     extra_term = out or terms[0]
-    act += op.saved_extra_bytes * tensor_scale(op.output) / cfg.shards(extra_term, shape)
+    extra_scale = (cm.training.intermediate_scale(op.output, op.aten) if op.family == "elementwise"
+                   else tensor_scale(op.output))
+    act += op.saved_extra_bytes * extra_scale / cfg.shards(extra_term, shape)
     grad_out = op.output.nbytes * tensor_scale(op.output) / cfg.shards(out, shape) if out else 0.0
     inputs = [(t, spec) for t, spec, pname in zip(terms, op.operands, op.param_names) if pname is None]
     grad_in = max((spec.nbytes * tensor_scale(spec) / cfg.shards(t, shape) for t, spec in inputs), default=0.0)
     # what capture measured beyond these (cross-entropy's second gradient of the logits, through
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
-    grad_in += op.backward_extra_bytes * tensor_scale(op.output) / cfg.shards(extra_term, shape)
+    grad_in += op.backward_extra_bytes * extra_scale / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
                     grad_out, regathered, tt.optimizer_s_per_param * updated)
 

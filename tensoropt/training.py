@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .opgraph import TensorSpec
 
-__all__ = ["TrainingConfig", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
+__all__ = ["TrainingConfig", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES", "AUTOCAST_FP32_OPS", "runs_in_fp32"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -27,6 +27,20 @@ _STATE_BYTES = {
     ("bf16-mixed", "sgd"): (2, 2, 4),
     ("bf16-mixed", "sgd-momentum"): (2, 2, 8),
 }
+
+
+# Elementwise aten ops that CUDA autocast runs in fp32 (the "ops that can autocast to float32"
+# of PyTorch's automatic mixed precision documentation): an fp32 result that the ops after it in
+# a fused group promote with.
+AUTOCAST_FP32_OPS = frozenset((
+    "pow", "exp", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sinh", "cosh", "tan",
+    "acos", "asin", "erfinv", "softplus", "softmax", "_softmax", "log_softmax", "_log_softmax",
+))
+
+
+def runs_in_fp32(aten: tuple[str, ...]) -> bool:
+    """Whether autocast runs some op of a captured group (``Operator.aten``) in fp32."""
+    return any(name.split(".")[1] in AUTOCAST_FP32_OPS for name in aten if name.count(".") >= 1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,13 @@ class TrainingConfig:
         if spec.dtype.startswith("float") or spec.dtype.startswith("bfloat"):
             return self.activation_itemsize / spec.itemsize
         return 1.0
+
+    def intermediate_scale(self, spec: TensorSpec, aten: tuple[str, ...]) -> float:
+        """:meth:`scale` for the intermediates an elementwise group saves or holds in backward
+        (``Operator.saved_extra_bytes``, ``backward_extra_bytes``): in fp32 under mixed precision
+        where autocast runs an op of the group in fp32, since the ops after it promote to fp32
+        (transformers' GPT-2 GELU, written out with ``pow`` and ``tanh``)."""
+        return self.loss_scale(spec) if self.precision == "bf16-mixed" and runs_in_fp32(aten) else self.scale(spec)
 
     def loss_scale(self, spec: TensorSpec) -> float:
         """:meth:`scale` for the tensors a loss computes with: a loss runs in fp32 under mixed

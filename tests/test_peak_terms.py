@@ -282,3 +282,50 @@ def test_a_loss_keeps_fp32_log_probabilities_under_mixed_precision():
 def get_link_loopback():
     from tensoropt.hardware import get_link
     return get_link("gloo-loopback")
+
+
+def _elementwise(aten: tuple[str, ...], extra: int) -> Operator:
+    x = TensorSpec((8, 16, 64))
+    return Operator("act", "elementwise", "bsf->bsf", (x,), (None,), x, "bsf", 0.0, 0.0,
+                    saved_operands=(0,), saved_extra_bytes=extra, backward_extra_bytes=extra, aten=aten)
+
+
+def test_an_elementwise_group_with_an_op_autocast_runs_in_fp32_keeps_its_intermediates_in_fp32():
+    # transformers' GPT-2 GELU: 0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3)))); autocast
+    # runs pow in fp32 and the rest of the chain promotes to it (on one H200, bf16-mixed: the
+    # model's activations 1.45 GiB above the price that counted them at 2 bytes)
+    gelu = ("aten.mul.Tensor", "aten.pow.Tensor_Scalar", "aten.mul.Tensor", "aten.add.Tensor",
+            "aten.mul.Tensor", "aten.tanh.default", "aten.add.Tensor", "aten.mul.Tensor")
+    from tensoropt.mesh import Mesh
+    from tensoropt.training import TrainingConfig
+
+    plain = ("aten.gelu.default",)
+    extra = 3 * 8 * 16 * 64 * 4                      # three fp32 intermediates as captured
+    mesh = Mesh((1,), ("m0",), (get_link_loopback(),))
+    cfg = OpConfig((None,))
+    bf16 = CostModel(get_device("A100-80GB"), training=TrainingConfig("bf16-mixed"))
+    fp32 = CostModel(get_device("A100-80GB"))
+    x_bf16 = 8 * 16 * 64 * 2
+    assert bf16.node_cost(_elementwise(gelu, extra), cfg, mesh).activation_bytes == x_bf16 + extra
+    assert bf16.node_cost(_elementwise(plain, extra), cfg, mesh).activation_bytes == x_bf16 + extra / 2
+    for aten in (gelu, plain):                       # without autocast nothing changes
+        assert fp32.node_cost(_elementwise(aten, extra), cfg, mesh).activation_bytes == 2 * x_bf16 + extra
+
+
+def test_transformers_gelu_new_is_captured_as_a_group_autocast_runs_partly_in_fp32():
+    import torch
+    from transformers.activations import NewGELUActivation
+    from tensoropt.training import runs_in_fp32
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act, self.proj = torch.nn.Linear(8, 32), NewGELUActivation(), torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.proj(self.act(self.fc(x))).sum()
+
+    graph = capture(MLP(), (torch.randn(4, 8),))
+    act = next(op for op in graph.operators if op.module.endswith("act"))
+    assert runs_in_fp32(act.aten) and act.saved_extra_bytes > 0
+    assert not any(runs_in_fp32(op.aten) for op in graph.operators if op.family == "linear")
