@@ -68,20 +68,9 @@ def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
     llama, _, _ = capture_model("llama-tiny")
     assert interpolator(tiny, llama) is None
     assert interpolator(tiny, tiny) is None           # one batch size fixes nothing
-
-
-def test_a_batch_of_one_is_interpolated_with_the_labels_of_the_other_batches():
     graph, _, recapture = capture_model("gpt-tiny")
-    one = recapture(1)                                # first asked: a capture at 2 fixes the interpolation
-    assert one.batch_size == 1 and recapture.at is not None and set(recapture.graphs) == {graph.batch_size, 2, 1}
-    assert [op.equation for op in one.operators] == [op.equation for op in graph.operators]
-    real = recapture.capture_at(1)
-    # the same operators, shapes and work as a capture at batch one ...
-    assert [op.output.shape for op in one.operators] == [op.output.shape for op in real.operators]
-    assert [op.flops_fwd for op in one.operators] == pytest.approx([op.flops_fwd for op in real.operators])
-    # ... which labels attention's unit batch dim where the heads' label stands elsewhere
-    att = next(i for i, op in enumerate(real.operators) if op.family == "attention")
-    assert real.operators[att].equation != one.operators[att].equation == graph.operators[att].equation
+    recapture(graph.batch_size // 2)
+    assert recapture.at(1) is None                    # batch 1 is always captured for real
 
 
 def test_zoo_model_with_given_inputs_keeps_their_sequence_length_at_other_batches():

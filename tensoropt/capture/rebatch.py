@@ -5,9 +5,8 @@ batch: dims labelled ``b`` in its equation scale with it, FLOPs and extra saved 
 affine in it (e.g. attention's per-row statistics plus a constant seed). When the two
 captures agree on everything else (operators, equations, edges, blocks, the other dims),
 the graph at any batch ``b`` follows from them; otherwise ``interpolator`` returns None and
-the caller captures again. A batch of one comes from them too: a capture at batch one cannot
-tell a unit batch dim from any other unit dim, so its views label the same roles otherwise
-(attention's heads, the sequence), which named layouts (``setups``) then miss. Exporting GPT-3's 96 layers takes seconds; this takes
+the caller captures again. A batch of one is always captured: views of unit dims are
+labelled differently there. Exporting GPT-3's 96 layers takes seconds; this takes
 milliseconds, which matters when a pipeline search needs one graph per micro-batch size.
 """
 
@@ -64,6 +63,8 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
         return v1 + (v2 - v1) * (b - b1) / (b2 - b1)
 
     def at(b: int) -> OpGraph | None:
+        if b < 2:          # a batch of one is captured differently (views drop unit dims)
+            return None
         ops = []
         for o1, o2 in zip(g1.operators, g2.operators):
             op = _scaled(o1, b1, b)

@@ -20,10 +20,7 @@ __all__ = ["capture_model", "Recapture"]
 
 class Recapture:
     """``self(b)``: the model's graph at batch ``b``; after one capture at another batch the
-    rest come from ``capture.rebatch`` when the two captures allow it. A batch of one is
-    interpolated too: asked for first, it is preceded by a capture at batch 2 (4 where the
-    model's own batch is 2), which fixes the interpolation; a capture at batch one labels
-    unit dims otherwise (``capture.rebatch``)."""
+    rest come from ``capture.rebatch`` when the two captures allow it."""
 
     def __init__(self, graph: OpGraph, capture_at: Callable[[int], OpGraph]):
         self.graphs = {graph.batch_size: graph}
@@ -34,22 +31,15 @@ class Recapture:
     def __call__(self, b: int) -> OpGraph:
         if b not in self.graphs:
             g = self.at(b) if self.at is not None else None
-            first = next(iter(self.graphs.values()))
-            if g is None and b == 1 and not self.tried and first.batch_size >= 2:
-                self(4 if first.batch_size == 2 else 2)
-                g = self.at(b) if self.at is not None else None
             if g is None:
                 g = self.capture_at(b)
-                self._fit(g)
+                if not self.tried:
+                    from .rebatch import interpolator
+
+                    self.tried = True
+                    self.at = interpolator(next(iter(self.graphs.values())), g)
             self.graphs[b] = g
         return self.graphs[b]
-
-    def _fit(self, g: OpGraph) -> None:
-        if not self.tried:
-            from .rebatch import interpolator
-
-            self.tried = True
-            self.at = interpolator(next(iter(self.graphs.values())), g)
 
 
 def capture_model(model: Any, inputs: Any = None, batch_size: int | None = None
