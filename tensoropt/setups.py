@@ -182,7 +182,10 @@ def _tp_label(op, i: int, axis: int, edges, graph: OpGraph, chosen: list, sequen
             return "k"
         return "n"
     if op.family == "attention":
-        return "n"
+        # the heads: (..., heads, sequence, head dim); a capture at batch one labels its unit
+        # batch dim "n" and the heads otherwise
+        out = op.terms[1]
+        return out[-3] if len(out) >= 4 else "n"
     if op.family == "embedding":
         return "v" if "v" in possible else None
     if arriving is not None and arriving in possible:

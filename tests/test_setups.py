@@ -46,6 +46,21 @@ def test_tensor_parallel_setup_lays_out_a_transformer_as_megatron_does():
     assert c["layers.0.mlp_norm"] == "b,-"               # replicated without sequence parallelism
 
 
+def test_micro_batches_of_one_keep_megatrons_layout():
+    # a micro-batch of one sequence, as Megatron-LM and Korthikanti et al. run: attention's heads
+    # stay split (a capture at batch one labels its unit batch dim "n", where the heads stand at
+    # other batches, and attention ran whole on every rank)
+    from tensoropt.models import get_spec
+
+    batch = get_spec("gpt-tiny").batch_size
+    plan = plan_for("gpt-tiny", "4xA100-80GB", tp=2, pp=2, microbatches=batch)
+    for stage in plan.stages:
+        c = configs(stage)
+        att = [name for name in c if name.endswith("scaled_dot_product_attention")]
+        assert att and all(c[name].split(",")[-1] not in ("-", "n") for name in att)   # the heads
+        assert all(c[name].split(",")[-1] == "k" for name in c if name.endswith(("o_proj", "fc2")))
+
+
 def test_sequence_parallelism_splits_the_sequence_where_megatron_replicates():
     plain = plan_for("gpt-tiny", DEVICES, tp=2)
     sp = plan_for("gpt-tiny", DEVICES, tp=2, sequence_parallel=True)
