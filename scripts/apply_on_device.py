@@ -1,5 +1,6 @@
-"""One-device plans of $PLAN_DIR/plans (default data/validation/h100) laid out by tensoropt.parallelize on the device
-present (CUDA + NCCL on a GPU) and trained 3 AdamW steps, against the same model trained plainly.
+"""One-device plans of $PLAN_DIR/plans (default data/validation/h100) laid out by
+tensoropt.parallelize on the device present (CUDA + NCCL on a GPU) and trained 3 AdamW steps,
+against the same model trained plainly.
 
     torchrun --standalone --nproc-per-node 1 scripts/apply_on_device.py gpt2:none gpt2:op ...
 
