@@ -113,6 +113,26 @@ def test_a_ceiling_leaves_out_exactly_the_points_it_dominates():
     assert cut > 0          # partial plans went inside the chain, not only at the end
 
 
+def test_a_ceiling_cuts_partial_plans_during_elimination_and_keeps_the_rest():
+    """Graphs without repeated blocks: the cut happens in the elimination steps (with the
+    other factors' least costs as the rest), and the result is still exactly the frontier
+    less what the ceiling dominates."""
+    from tensoropt.engine import solve
+    from tensoropt.engine.bounds import Ceiling
+
+    cut = 0
+    for seed in range(10):
+        graph = (random_dag(12, k_range=(3, 6), seed=seed) if seed % 2 else
+                 residual_graph(3, k_range=(3, 6), seed=seed))
+        full = solve(graph, use_blocks=False)
+        ceiling = _ceiling_from(full.points, np.random.default_rng(seed))
+        keep = ~Ceiling(ceiling).beats(full.points[:, 0], full.points[:, 1])
+        res = solve(graph, use_blocks=False, ceiling=ceiling)
+        assert np.array_equal(res.points, full.points[keep])
+        cut += res.stats["points_cut"]
+    assert cut > 0
+
+
 def test_a_forward_end_search_with_a_ceiling_keeps_every_plan_it_does_not_beat():
     from tensoropt.capture.recapture import capture_model
     from tensoropt.engine.bounds import Ceiling

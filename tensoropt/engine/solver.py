@@ -98,10 +98,12 @@ def solve(
     set, exact over that set (``epsilon=0``); None searches every assignment.
 
     ``ceiling``: points (time, memory) found elsewhere (another mesh's plans); the frontier
-    points one of them strictly dominates are left out, and so is every partial plan in the
-    repeated blocks' chain that the rest of the chain cannot lift out from under them
-    (:meth:`_ChainBuilder.fold`). What is returned is then exactly the frontier less the
-    points the ceiling dominates.
+    points one of them strictly dominates are left out, and so is every partial plan, in an
+    elimination step (:func:`_run`) or in the repeated blocks' chain
+    (:meth:`_ChainBuilder.fold`), that what is still to join cannot lift out from under
+    them. What is returned is then exactly the frontier less the points the ceiling
+    dominates; ``stats["points_cut"]`` and ``stats["chain_points_cut"]`` count the partial
+    plans dropped.
 
     ``time_limit_s`` raises :class:`SolveTimeout` when exceeded (nothing partial is returned).
     ``progress``: a tqdm bar over the folding steps; None shows it on large graphs at a terminal.
@@ -141,7 +143,9 @@ def solve(
     show = progress if progress is not None else (n_steps > 2000 and sys.stderr.isatty())
     bar = _progress_bar(n_steps, show)
     try:
-        rest = _run(plan, leaves, ratio, deadline, bar)
+        outside = _least_outside(g, layout) if bar_above is not None else None
+        counts: dict = {}
+        rest = _run(plan, leaves, ratio, deadline, bar, bar_above, outside, counts)
         if chain is not None:
             rest = [chain.fold(rest, ratio, deadline, bar, bar_above)]
         root = _fold_all(rest, ratio, deadline)
@@ -172,6 +176,8 @@ def solve(
     }
     if chain is not None:
         stats["chain_exits"] = (len(chain.keep), int(np.prod(chain.kx, dtype=np.int64)))
+    if bar_above is not None:
+        stats["points_cut"] = counts.get("cut", 0)
     if chain is not None and bar_above is not None:
         stats["chain_points_cut"] = chain.cut
     return SolveResult(points, assignments, float(epsilon), stats)
@@ -200,9 +206,19 @@ def _leaves(g: CostGraph, layout: ChainLayout | None):
     return leaves, scopes
 
 
-def _run(plan, leaves: list, ratio: float, deadline, bar) -> list[Factor]:
-    """Carry out an elimination plan; returns the factors left over (scopes within the kept nodes)."""
+def _run(plan, leaves: list, ratio: float, deadline, bar, ceiling: Ceiling | None = None,
+         outside: tuple[float, float] | None = None, counts: dict | None = None) -> list[Factor]:
+    """Carry out an elimination plan; returns the factors left over (scopes within the kept nodes).
+
+    With a ``ceiling`` (and ``outside``: the least time and, apart, the least memory of what
+    ``leaves`` leave out), each step's factor loses the partial plans the ceiling strictly
+    dominates even with the least time and least memory that every other factor still to
+    join adds (each factor's own minimum, summed): the costs of a plan are the sum over
+    the factors that partition it, so no completion of such a partial plan reaches the
+    frontier; as in :meth:`_ChainBuilder.fold`. ``counts["cut"]`` counts the points dropped."""
     table = list(leaves)
+    least = [_least(f) for f in table] if ceiling is not None else []
+    live = set(range(len(table)))
     for step in plan.steps:
         merged = []
         for group in step.groups:
@@ -217,8 +233,33 @@ def _run(plan, leaves: list, ratio: float, deadline, bar) -> list[Factor]:
         table.append(fx.combine(acc, last, eliminate=step.node, ratio=ratio, deadline=deadline))
         for i in step.factors:
             _release(table[i])
+        if ceiling is not None:
+            live.difference_update(step.factors)
+            rest_t = outside[0] + sum(least[i][0] for i in live)
+            rest_m = outside[1] + sum(least[i][1] for i in live)
+            n_cut = _cut(table[-1], ceiling, rest_t, rest_m)
+            if counts is not None:
+                counts["cut"] = counts.get("cut", 0) + n_cut
+            least.append(_least(table[-1]))
+            live.add(len(table) - 1)
         bar.update(1)
     return [table[i] for i in plan.leftover]
+
+
+def _least(f: Factor) -> tuple[float, float]:
+    """The least time and, apart, the least memory of any point of ``f``."""
+    return (float(np.min(f.t)), float(np.min(f.m))) if f.t.size else (np.inf, np.inf)
+
+
+def _least_outside(g: CostGraph, layout: ChainLayout | None) -> tuple[float, float]:
+    """A lower bound on the time and, apart, the memory of the repeated blocks' chain (the
+    leaves ``_leaves`` leaves out): each node's and edge's own minimum, summed."""
+    if layout is None:
+        return 0.0, 0.0
+    chained = {v for block in layout.blocks[1:] for v in block}
+    tables = [g.node_costs[v] for v in chained]
+    tables += [t for (u, v), t in g.edge_costs.items() if v in chained]
+    return (sum(float(t[..., 0].min()) for t in tables), sum(float(t[..., 1].min()) for t in tables))
 
 
 def _combine_all(factors: list[Factor], ratio, deadline) -> Factor:
