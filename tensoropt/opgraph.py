@@ -11,6 +11,9 @@ axis, a convolution's spatial dims and a norm's normalised axis may not).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
 
 _ITEMSIZE = {
     "complex128": 16, "complex64": 8, "complex32": 4,
@@ -132,6 +135,17 @@ class OpGraph:
                 if p is not None:
                     out.setdefault(p, t)
         return out
+
+    @cached_property
+    def batched_ops(self) -> np.ndarray:
+        """Per operator, whether one of its dimensions is the batch."""
+        return np.array([op.batched for op in self.operators], dtype=bool)
+
+    @cached_property
+    def weighted_ops(self) -> np.ndarray:
+        """Per operator, whether it is a linear, conv or embedding with a parameter."""
+        return np.array([op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)
+                         for op in self.operators], dtype=bool)
 
     @property
     def param_count(self) -> int:

@@ -15,11 +15,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .engine.costgraph import total
 from .opgraph import OpGraph
 from .placement import format_placements
 from .plan import OpChoice, Plan
 from .peakmodel import peak_model as build_peak_model
-from .planner import MeshProblem, returned_ops
+from .planner import SPLIT_BATCH, SPLIT_NONE, SPLIT_OTHER, MeshProblem, returned_ops
 from .strategy import output_placements
 from .training import TrainingConfig
 
@@ -65,10 +66,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     a = [int(x) for x in assignment]
     if len(a) == n_ops:                        # operators only: keep every unit's activations
         a += [0] * len(problem.units)
+    terms = problem.cost_graph.terms(a)
+    u, v = problem.cost_graph.edge_ends
+    from_ops = u < n_ops
     relayout = np.zeros(n_ops)
-    for (u, v), table in problem.cost_graph.edge_costs.items():
-        if u < n_ops:
-            relayout[v] += table[a[u], a[v], 0]
+    np.add.at(relayout, v[from_ops], terms[problem.cost_graph.n_nodes:][from_ops, 0])   # in edge order
     for i, times in (problem.tied_s or {}).items():
         relayout[i] += times[a[i]]
     recomputed_ops: set[int] = set()
@@ -85,37 +87,45 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     for scope, table in problem.resaved:
         if scope[-1] not in recomputed_ops:
             copies[scope[-1]] += problem.activation_factor * table[tuple(a[v] for v in scope)]
-    ops, totals = [], dict(compute_s=0.0, recompute_s=0.0, comm_s=0.0, relayout_s=0.0, update_s=0.0, param_bytes=0.0,
-                           grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=kept_inputs)
-    for i, op in enumerate(graph.operators):
-        cfg = problem.configs[i][a[i]]
-        cost = problem.node_costs[i][a[i]]
-        again = i in recomputed_ops and i not in problem.recompute_kept
-        if i in recomputed_ops:
-            act = problem.activation_factor * cost.output_bytes if i in problem.recompute_kept else 0.0
-        else:
-            act = problem.activation_factor * cost.activation_bytes
-        act += cost.output_bytes if i in kept else 0.0
-        act += copies[i]
-        labels = problem.labels.get((i, a[i]))
-        if labels is None:
-            labels = problem.labels[(i, a[i])] = (str(cfg), format_placements(output_placements(op, cfg)))
-        ops.append(OpChoice(name=op.name, module=op.module, family=op.family, config=labels[0],
-                            placements=labels[1],
-                            compute_s=cost.compute_s + (cost.forward_s if again else 0.0), comm_s=cost.comm_s,
-                            relayout_s=float(relayout[i]),
-                            param_bytes=cost.param_bytes + cost.grad_bytes + cost.optimizer_bytes,
-                            activation_bytes=act, update_s=cost.update_s))
-        totals["compute_s"] += cost.compute_s
-        totals["recompute_s"] += cost.forward_s if again else 0.0
-        totals["comm_s"] += cost.comm_s
-        totals["update_s"] += cost.update_s
-        totals["param_bytes"] += cost.param_bytes
-        totals["grad_bytes"] += cost.grad_bytes
-        totals["optimizer_bytes"] += cost.optimizer_bytes
-        totals["activation_bytes"] += act
+    # per operator, its configuration's costs (``MeshProblem.cost_fields``), as vectors
+    pick = np.asarray(a[:n_ops], dtype=np.int64)
+    f = {name: table[np.arange(n_ops), pick] for name, table in problem.cost_fields.items()}
+    rec = np.zeros(n_ops, dtype=bool)
+    rec[list(recomputed_ops)] = True
+    keeps = np.zeros(n_ops, dtype=bool)
+    keeps[list(problem.recompute_kept)] = True
+    returned = np.zeros(n_ops, dtype=bool)
+    returned[list(kept)] = True
+    again = rec & ~keeps
+    factor = problem.activation_factor
+    act = np.where(rec, np.where(keeps, factor * f["output_bytes"], 0.0), factor * f["activation_bytes"])
+    act = act + np.where(returned, f["output_bytes"], 0.0) + copies
+    redo = np.where(again, f["forward_s"], 0.0)
+    totals = dict(compute_s=_added(0.0, f["compute_s"]), recompute_s=_added(0.0, redo),
+                  comm_s=_added(0.0, f["comm_s"]), relayout_s=0.0, update_s=_added(0.0, f["update_s"]),
+                  param_bytes=_added(0.0, f["param_bytes"]), grad_bytes=_added(0.0, f["grad_bytes"]),
+                  optimizer_bytes=_added(0.0, f["optimizer_bytes"]), activation_bytes=_added(kept_inputs, act))
+    columns = zip((f["compute_s"] + redo).tolist(), f["comm_s"].tolist(), relayout.tolist(),
+                  (f["param_bytes"] + f["grad_bytes"] + f["optimizer_bytes"]).tolist(), act.tolist(),
+                  f["update_s"].tolist())
+    ops = []
+    seen = problem.choices
+    for i, (op, values) in enumerate(zip(graph.operators, columns)):
+        key = (i, a[i], values)
+        choice = seen.get(key)
+        if choice is None:           # plans of one problem share most of their choices
+            labels = problem.labels.get((i, a[i]))
+            if labels is None:
+                cfg = problem.configs[i][a[i]]
+                labels = problem.labels[(i, a[i])] = (str(cfg), format_placements(output_placements(op, cfg)))
+            compute_s, comm_s, relayout_s, param_bytes, act_bytes, update_s = values
+            choice = seen[key] = OpChoice(name=op.name, module=op.module, family=op.family, config=labels[0],
+                                          placements=labels[1], compute_s=compute_s, comm_s=comm_s,
+                                          relayout_s=relayout_s, param_bytes=param_bytes,
+                                          activation_bytes=act_bytes, update_s=update_s)
+        ops.append(choice)
     totals["relayout_s"] = float(relayout.sum())
-    t, m = problem.cost_graph.cost(a)
+    t, m = total(terms)
     t += ctx.fixed_s
     m += float(copies.sum())
     if held_peak is None:
@@ -140,6 +150,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
                 recompute_policy=problem.recompute_policy if recomputed else "full", inputs=graph.inputs)
 
 
+def _added(start: float, values: np.ndarray) -> float:
+    """``start`` plus each of ``values`` in turn (one after another, as a loop adds them)."""
+    return float(np.cumsum(np.concatenate([[start], values]))[-1])
+
+
 def assignment_of(plan: Plan, problem: MeshProblem, graph: OpGraph) -> list[int]:
     """The inverse of :func:`plan_from_assignment`: ``plan``'s configuration index per
     operator of ``problem``, then per recompute unit 1 where the plan recomputes it."""
@@ -162,22 +177,23 @@ def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -
     half the batched operators split the batch, else ``mix``."""
     parts = []
     n_ops = len(graph.operators)
-    is_batched = [op.batched for op in graph.operators]
-    is_weighted = [op.family in ("linear", "conv", "embedding") and any(p is not None for p in op.param_names)
-                   for op in graph.operators]
+    codes, is_batched, is_weighted = problem.split_codes, graph.batched_ops, graph.weighted_ops
+    a = np.asarray(assignment[:n_ops], dtype=np.int64)
     for axis, size in enumerate(problem.mesh.shape):
-        splits = [problem.configs[i][a].splits[axis] for i, a in enumerate(assignment[:n_ops])]
-        batched = [s for s, yes in zip(splits, is_batched) if yes]
-        weighted = [s for s, yes in zip(splits, is_weighted) if yes]
-        if all(s is None for s in splits):
+        splits = codes[axis][np.arange(n_ops), a]
+        batched = splits[is_batched]
+        weighted = splits[is_weighted]
+        if (splits == SPLIT_NONE).all():
             role = "rep"
-        elif batched and all(s == "b" for s in batched):
+        elif len(batched) and (batched == SPLIT_BATCH).all():
             role = "dp"
-        elif weighted and sum(s not in (None, "b") for s in weighted) * 2 >= len(weighted):
+        elif len(weighted) and (weighted == SPLIT_OTHER).sum() * 2 >= len(weighted):
             role = "tp"
-        elif batched and sum(s == "b" for s in batched) * 2 >= len(batched):
+        elif len(batched) and (batched == SPLIT_BATCH).sum() * 2 >= len(batched):
             role = "dp~"
         else:
             role = "mix"
         parts.append(f"{role}{size}")
     return "·".join(parts)
+
+

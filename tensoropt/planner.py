@@ -38,6 +38,9 @@ __all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returne
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
 
+SPLIT_NONE, SPLIT_BATCH, SPLIT_OTHER = 0, 1, 2
+
+
 @dataclass(frozen=True)
 class MeshProblem:
     mesh: Mesh
@@ -74,6 +77,39 @@ class MeshProblem:
         """(operator, configuration) -> its plan labels (config, output placements), filled
         as plans are built (``plan_builder``)."""
         return {}
+
+    @cached_property
+    def choices(self) -> dict:
+        """(operator, configuration, its priced values) -> the plan's ``OpChoice``, filled
+        as plans are built (``plan_builder``): plans of one problem share most of them."""
+        return {}
+
+    @cached_property
+    def cost_fields(self) -> dict[str, np.ndarray]:
+        """Per ``NodeCost`` field a plan reads, (operators, most configurations): each
+        operator's value under each of its configurations (0 past its last)."""
+        k = max((len(c) for c in self.node_costs), default=1)
+        out = {}
+        for name in ("compute_s", "comm_s", "forward_s", "param_bytes", "grad_bytes", "optimizer_bytes",
+                     "activation_bytes", "output_bytes", "update_s"):
+            table = np.zeros((len(self.node_costs), k))
+            for i, costs in enumerate(self.node_costs):
+                table[i, :len(costs)] = [getattr(c, name) for c in costs]
+            out[name] = table
+        return out
+
+    @cached_property
+    def split_codes(self) -> np.ndarray:
+        """(mesh axes, operators, most configurations): what each operator's configuration
+        splits over each axis, ``SPLIT_NONE``, ``SPLIT_BATCH`` or ``SPLIT_OTHER`` (a plan's
+        summary reads them)."""
+        k = max((len(c) for c in self.configs), default=1)
+        codes = np.full((self.mesh.ndim, len(self.configs), k), SPLIT_NONE, dtype=np.int8)
+        for i, cfgs in enumerate(self.configs):
+            for j, cfg in enumerate(cfgs):
+                for axis, s in enumerate(cfg.splits):
+                    codes[axis, i, j] = SPLIT_NONE if s is None else SPLIT_BATCH if s == "b" else SPLIT_OTHER
+        return codes
 
     @cached_property
     def backward_tables(self) -> tuple[tuple[np.ndarray, ...], ...]:

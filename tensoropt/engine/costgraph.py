@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -88,18 +89,52 @@ class CostGraph:
         return n
 
     def cost(self, assignment: Sequence[int]) -> np.ndarray:
-        """The (time, memory) of one assignment (configuration index per node)."""
+        """The (time, memory) of one assignment (configuration index per node): its
+        :meth:`terms` added one after another, nodes first, then edges."""
+        return total(self.terms(assignment))
+
+    def terms(self, assignment: Sequence[int]) -> np.ndarray:
+        """(n_nodes + n_edges, 2): each node's cost, then each edge's, in ``edge_costs``
+        order (:attr:`edge_ends`), for one assignment."""
         a = np.asarray(assignment, dtype=np.int64)
         if a.shape != (self.n_nodes,):
             raise ValueError(f"assignment must have {self.n_nodes} entries, got shape {a.shape}")
-        if np.any(a < 0) or np.any(a >= np.array(self.n_configs)):
+        padded, flat, k_v, ks = self._gather
+        if np.any(a < 0) or np.any(a >= ks):
             raise ValueError("assignment index out of range")
-        total = np.zeros(N_OBJECTIVES)
-        for v, c in enumerate(a):
-            total += self.node_costs[v][c]
-        for (u, v), t in self.edge_costs.items():
-            total += t[a[u], a[v]]
-        return total
+        n = len(self.node_costs)
+        out = np.empty((n + len(flat), N_OBJECTIVES))
+        out[:n] = padded[np.arange(n), a]
+        u, v = self.edge_ends
+        at = ((a[u] * k_v + a[v]) * N_OBJECTIVES).tolist()
+        out[n:, 0] = [f.item(i) for f, i in zip(flat, at)]
+        out[n:, 1] = [f.item(i + 1) for f, i in zip(flat, at)]
+        return out
+
+    @cached_property
+    def edge_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """The edges' sources and targets, in ``edge_costs`` order."""
+        ends = np.array(list(self.edge_costs), dtype=np.int64).reshape(-1, 2)
+        return ends[:, 0], ends[:, 1]
+
+    @cached_property
+    def _gather(self):
+        """Node tables padded into one array; each edge's table as a flat view, and its
+        target's configuration count; each node's: what :meth:`terms` reads, without
+        copying the edges."""
+        k = max((len(c) for c in self.node_costs), default=1)
+        padded = np.zeros((len(self.node_costs), k, N_OBJECTIVES))
+        for v, c in enumerate(self.node_costs):
+            padded[v, :len(c)] = c
+        flat = [t.reshape(-1) for t in self.edge_costs.values()]
+        k_v = np.array([t.shape[1] for t in self.edge_costs.values()], dtype=np.int64)
+        return padded, flat, k_v, np.array(self.n_configs, dtype=np.int64)
+
+
+def total(terms: np.ndarray) -> np.ndarray:
+    """The sum of an assignment's :meth:`CostGraph.terms`, added one after another (so every
+    caller gets the same bits)."""
+    return np.cumsum(terms, axis=0)[-1] if len(terms) else np.zeros(N_OBJECTIVES)
 
 
 def _check_values(arr: np.ndarray, label: str) -> None:
