@@ -151,8 +151,8 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
 
 
 def _added(start: float, values: np.ndarray) -> float:
-    """``start`` plus each of ``values`` in turn (one after another, as a loop adds them)."""
-    return float(np.cumsum(np.concatenate([[start], values]))[-1])
+    """``start`` plus each of ``values`` in turn (``total``'s order)."""
+    return float(total(np.concatenate([[start], values])))
 
 
 def assignment_of(plan: Plan, problem: MeshProblem, graph: OpGraph) -> list[int]:
@@ -195,5 +195,3 @@ def summarize(graph: OpGraph, problem: MeshProblem, assignment: Sequence[int]) -
             role = "mix"
         parts.append(f"{role}{size}")
     return "·".join(parts)
-
-

@@ -132,9 +132,9 @@ class CostGraph:
 
 
 def total(terms: np.ndarray) -> np.ndarray:
-    """The sum of an assignment's :meth:`CostGraph.terms`, added one after another (so every
-    caller gets the same bits)."""
-    return np.cumsum(terms, axis=0)[-1] if len(terms) else np.zeros(N_OBJECTIVES)
+    """The sum of an assignment's :meth:`CostGraph.terms` (or of any values along their first
+    axis), added one after another, so every caller gets the same bits."""
+    return np.cumsum(terms, axis=0)[-1] if len(terms) else np.zeros(np.shape(terms)[1:])
 
 
 def _check_values(arr: np.ndarray, label: str) -> None:
