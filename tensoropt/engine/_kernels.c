@@ -502,7 +502,9 @@ static int64_t sorted_prefix(const double *t, const double *m, int64_t w) {
  * taken as one head, the least memory among them (the first such, the lowest back-pointer),
  * so that heads come out of each run in strictly rising time: the order the heap needs. */
 #define MERGE_MIN_WIDTH 32     /* rows whose longer list is shorter take the insertion loop */
-typedef struct { double t, m; int64_t src, run, pos, next; } head;
+/* 32 bytes: two to a cache line (a run's length and the number of runs fit 32 bits, see
+ * merges) */
+typedef struct { double t, m; int64_t src; int32_t run, next; } head;
 
 static inline int head_before(const head *a, const head *b) {
     if (a->t != b->t) return a->t < b->t;
@@ -510,15 +512,18 @@ static inline int head_before(const head *a, const head *b) {
     return a->src < b->src;
 }
 
+/* A 4-ary heap: half the levels of a binary one, and a node's children share cache lines. */
+#define HEAP_ARITY 4
 static void sift_down(head *h, int64_t n, int64_t i) {
     head x = h[i];
     for (;;) {
-        int64_t c = 2 * i + 1;
+        int64_t c = HEAP_ARITY * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && head_before(&h[c + 1], &h[c])) c++;
-        if (!head_before(&h[c], &x)) break;
-        h[i] = h[c];
-        i = c;
+        int64_t end = c + HEAP_ARITY < n ? c + HEAP_ARITY : n, b = c;
+        for (int64_t k = c + 1; k < end; k++) if (head_before(&h[k], &h[b])) b = k;
+        if (!head_before(&h[b], &x)) break;
+        h[i] = h[b];
+        i = b;
     }
     h[i] = x;
 }
@@ -543,7 +548,7 @@ static void settle(head *x, const run *q, int64_t p) {
         double mk = run_m(q, k);
         if (mk < m) { m = mk; best = k; }
     }
-    x->t = t; x->m = m; x->pos = best; x->next = k;
+    x->t = t; x->m = m; x->next = (int32_t)k;
     x->src = q->code + best * q->step;
 }
 
@@ -567,12 +572,12 @@ static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const
             /* src = (e * wf + i) * wg + j, with i or j the position along the run */
             q->code = f_long ? e * wf * wg + k : (e * wf + k) * wg;
             q->step = f_long ? wg : 1;
-            h[n].run = n;
+            h[n].run = (int32_t)n;
             settle(h + n, q, 0);
             n++;
         }
     }
-    for (int64_t i = n / 2 - 1; i >= 0; i--) sift_down(h, n, i);
+    if (n > 1) for (int64_t i = (n - 2) / HEAP_ARITY; i >= 0; i--) sift_down(h, n, i);
     double below = INFINITY;
     while (n > 0) {
         head *x = h;
@@ -582,8 +587,15 @@ static int merge_row(int64_t ne, int64_t wf, int64_t wg, const double *at, const
             if (stair_room(s, w)) { free(runs); free(h); return -1; }
             s->u[s->n] = x->t; s->w[s->n] = x->m; s->s[s->n] = x->src; s->n++;
             below = x->m;
-        } else {   /* the first later point of the run below `below`, or none */
-            int64_t hi = q->len;
+        } else {   /* the first later point of the run below `below`, or none: it is
+                    * mostly a few points on, so gallop to it before bisecting */
+            int64_t hi = pos, step = 1;
+            while (hi < q->len && !(run_m(q, hi) < below)) {
+                pos = hi + 1;
+                hi += step;
+                step *= 2;
+            }
+            if (hi > q->len) hi = q->len;
             while (pos < hi) {
                 int64_t mid = (pos + hi) / 2;
                 if (run_m(q, mid) < below) hi = mid; else pos = mid + 1;
@@ -603,7 +615,7 @@ static int merges(int64_t ne, int64_t wf, int64_t wg, const double *at, const do
 {
     int f_long = wf >= wg;
     int64_t wl = f_long ? wf : wg;
-    if (wl < MERGE_MIN_WIDTH) return 0;
+    if (wl < MERGE_MIN_WIDTH || wl > INT32_MAX || ne * (f_long ? wg : wf) > INT32_MAX) return 0;
     for (int64_t e = 0; e < ne; e++)
         if (sorted_prefix((f_long ? at : bt) + e * wl, (f_long ? am : bm) + e * wl, wl) < 0) return 0;
     return 1;
