@@ -4,6 +4,8 @@ that stop a search before it grows past them."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,32 @@ def test_compiled_kernels_equal_numpy(monkeypatch):
         b = solve_peak(g)
         assert np.array_equal(a.points, b.points)
         assert np.array_equal(g.evaluate(b.assignments), g.evaluate(a.assignments))
+
+
+def test_fold_grid_keeps_the_same_plans():
+    """The compiled fold's grid of sampled points, which only rows with many candidates take,
+    drops candidates without changing what is kept: every row sent through it gives the same
+    points and assignments as the small graphs' rows give without it."""
+    lib = kfactors.kernels()
+    if lib is None:
+        pytest.skip("no C compiler")
+    grid_min = ctypes.c_int64.in_dll(lib, "kd_fold_grid_min")
+    stats = (ctypes.c_int64 * 6).in_dll(lib, "kd_fold_stats")      # [3]: runs the grid skipped
+    graphs = [random_peak_graph(seed, modes=True, units=seed % 2 == 0, exclude=seed % 3 == 0, n_ops=7)
+              for seed in range(25)]
+    before = stats[3]
+    plain = [solve_peak(g) for g in graphs]
+    assert stats[3] == before
+    old = grid_min.value
+    try:
+        grid_min.value = 0
+        gridded = [solve_peak(g) for g in graphs]
+    finally:
+        grid_min.value = old
+    assert stats[3] > before
+    for a, b in zip(plain, gridded):
+        assert np.array_equal(a.points, b.points)
+        assert np.array_equal(a.assignments, b.assignments)
 
 
 @pytest.mark.parametrize("epsilon", [0.1, 0.5])
