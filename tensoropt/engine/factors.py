@@ -213,7 +213,9 @@ def _sum_prune_native(lib, f_t, f_m, g_t, g_m, ratio: float):
         cap = int(count.max())
         memguard.check()
     width = max(int(count.max(initial=0)), 1)
-    t, m, src = t[:, :width], m[:, :width], src[:, :width]
+    # copies, not views: a view would keep the kernel's rows x cap buffers alive as long
+    # as the result (a combine holds every chunk's until it joins them)
+    t, m, src = t[:, :width].copy(), m[:, :width].copy(), src[:, :width].copy()
     pad = np.arange(width)[None, :] >= count[:, None]
     t[pad], m[pad], src[pad] = np.inf, np.inf, -1
     if ratio > 0:
