@@ -220,17 +220,18 @@ def _run(plan, leaves: list, ratio: float, deadline, bar, ceiling: Ceiling | Non
     least = [_least(f) for f in table] if ceiling is not None else []
     live = set(range(len(table)))
     for step in plan.steps:
+        made: set = set()
         merged = []
         for group in step.groups:
             acc = table[group[0]]
             for i in group[1:]:
-                acc = fx.combine(acc, table[i], ratio=ratio, deadline=deadline)
+                acc = _consume(acc, table[i], ratio, deadline, made)
             merged.append(acc)
         acc = merged[0]
         for f in merged[1:-1]:
-            acc = fx.combine(acc, f, ratio=ratio, deadline=deadline)
+            acc = _consume(acc, f, ratio, deadline, made)
         last = merged[-1] if len(merged) > 1 else _ZERO
-        table.append(fx.combine(acc, last, eliminate=step.node, ratio=ratio, deadline=deadline))
+        table.append(_consume(acc, last, ratio, deadline, made, eliminate=step.node))
         for i in step.factors:
             _release(table[i])
         if ceiling is not None:
@@ -262,18 +263,34 @@ def _least_outside(g: CostGraph, layout: ChainLayout | None) -> tuple[float, flo
     return (sum(float(t[..., 0].min()) for t in tables), sum(float(t[..., 1].min()) for t in tables))
 
 
-def _combine_all(factors: list[Factor], ratio, deadline) -> Factor:
+def _consume(a: Factor, b: Factor, ratio, deadline, made: set, eliminate: int | None = None) -> Factor:
+    """``a ⊕ b`` (``fx.combine``). Whichever of the two the caller made on the way (``made``:
+    the ids of its partial sums) nothing reads again but its back-pointers, so it is released
+    at once: a step's or the root's partial sums no longer hold their times and memories
+    until the end of the search."""
+    out = fx.combine(a, b, eliminate=eliminate, ratio=ratio, deadline=deadline)
+    for f in (a, b):
+        if id(f) in made:
+            made.discard(id(f))
+            _release(f)
+    made.add(id(out))
+    return out
+
+
+def _combine_all(factors: list[Factor], ratio, deadline, made: set | None = None) -> Factor:
+    made = set() if made is None else made
     acc = factors[0] if factors else _ZERO
     for f in factors[1:]:
-        acc = fx.combine(acc, f, ratio=ratio, deadline=deadline)
+        acc = _consume(acc, f, ratio, deadline, made)
     return acc
 
 
 def _fold_all(factors: list[Factor], ratio, deadline) -> Factor:
     """Sum the factors and fold out every node they still mention: the root frontier."""
-    acc = _combine_all(factors, ratio, deadline)
+    made: set = set()
+    acc = _combine_all(factors, ratio, deadline, made)
     for v in acc.scope:
-        acc = fx.combine(acc, _ZERO, eliminate=v, ratio=ratio, deadline=deadline)
+        acc = _consume(acc, _ZERO, ratio, deadline, made, eliminate=v)
     return acc
 
 
