@@ -355,7 +355,7 @@ def reconstruct(root: Factor, points: np.ndarray, assignment: dict[int, np.ndarr
         if f.kind == "leaf":
             continue
         idx = tuple(ctx[v] for v in f.scope) + (p,)
-        code = f.src[idx]
+        code = f.src[idx].astype(np.int64, copy=False)     # released factors keep 32-bit back-pointers
         if (code < 0).any():
             raise AssertionError("back-pointer to a padding point")
         if f.kind == "chain":

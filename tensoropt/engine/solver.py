@@ -295,10 +295,13 @@ def _fold_all(factors: list[Factor], ratio, deadline) -> Factor:
 
 
 def _release(f: Factor) -> None:
-    # Once consumed, a factor is only walked back: its back-pointers and width suffice.
+    # Once consumed, a factor is only walked back: its back-pointers and width suffice, and
+    # the back-pointers are kept in 32 bits where they fit (read back as int64).
     if f.kind == "combine" and f.t is not None:
         f.extra["width"] = f.width
         f.t = f.m = None
+        if f.src.size and int(f.src.max()) <= np.iinfo(np.int32).max:
+            f.src = f.src.astype(np.int32)
 
 
 def _permute(f: Factor, scope: tuple[int, ...]) -> Factor:
@@ -430,7 +433,7 @@ class _ChainBuilder:
         wa = self.template.width
         for k in range(self.n, 0, -1):
             v = self.vs[k]
-            code = v.src[(j_last, j, point) if self.carry else (j, point)]
+            code = v.src[(j_last, j, point) if self.carry else (j, point)].astype(np.int64, copy=False)
             if (code < 0).any():
                 raise AssertionError("back-pointer to a padding point")
             c, rest = np.divmod(code, self.vs[k - 1].width * wa)
