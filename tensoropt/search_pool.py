@@ -193,7 +193,9 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                  fallback: float | None = None) -> tuple[list, int, dict, dict]:
     """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
     with the ``fallback`` ε (index -> ``fallback.solve_job``'s record), and stats of the
-    pool: workers and the most memory parent and workers held together at any check."""
+    pool: workers and the most memory parent and workers held together at any check. The
+    first group runs alone: a job started with nothing found yet to cut against can keep a
+    frontier many times the size it keeps in one process."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))
     refs = _references(jobs)
@@ -220,11 +222,13 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                 workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
                 initargs=(growth, next_slot, parent_bytes, peak)) as pool:
             try:
+                room = 1    # the first group alone: the others start with its frontier to cut against
                 while queue or pending:
-                    while queue and len(pending) < workers:
+                    while queue and len(pending) < room:
                         group = queue.pop(0)
                         pending[pool.submit(_solve_group, group, found)] = group
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    room = workers
                     for fut in done:
                         group = pending.pop(fut)
                         out, approx, grown = _Unpickler(io.BytesIO(fut.result())).load()

@@ -75,11 +75,21 @@ def _hold(barrier, nbytes: int, limit, ceiling):
     return [Candidate(1.0, float(block[0]), 1.0, partial(_plan, Problem("held"), 0))]
 
 
+def _nothing(limit, ceiling):
+    return []
+
+
+# The pool runs its first group alone (the others start with its frontier), so tests that need
+# two jobs at once put a quick one first.
+_FIRST = Job("first", _bound(0.5, 1.0), _nothing)
+
+
 def test_one_memory_cap_holds_over_every_worker():
     """Two workers each growing by 150 MB pass a cap 200 MB above the parent together, though
     either alone is within it."""
     barrier = mp.get_context("fork").Barrier(2)
-    jobs = [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20)) for i in range(2)]
+    jobs = [_FIRST] + [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20))
+                       for i in range(2)]
     cap = memguard.resident_bytes() + 200 * 2**20
     with memguard.memory_cap(cap, "lower it"):
         with pytest.raises(SearchMemoryExceeded, match="past its memory cap") as err:
@@ -88,7 +98,8 @@ def test_one_memory_cap_holds_over_every_worker():
     # within a cap 400 MB above the parent they finish: pages a worker shares with the parent
     # (a few hundred MB here) are not counted again
     barrier = mp.get_context("fork").Barrier(2)
-    jobs = [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20)) for i in range(2)]
+    jobs = [_FIRST] + [Job(f"hold {i}", _bound(1.0 + i, 1.0), partial(_hold, barrier, 150 * 2**20))
+                       for i in range(2)]
     with memguard.memory_cap(memguard.resident_bytes() + 400 * 2**20, "lower it"):
         out, stats = run_jobs(jobs, Deadline(None, "test"), prune=False, workers=2)
     assert len(out) == 2 and stats["peak_resident_bytes"] > cap - 200 * 2**20 + 250 * 2**20
@@ -104,11 +115,29 @@ def _sleeps(limit, ceiling):
 
 
 def test_a_workers_error_ends_the_search_and_stops_the_others():
-    jobs = [Job("slow", _bound(1.0, 1.0), _sleeps), Job("late", _bound(2.0, 1.0), _times_out)]
+    jobs = [_FIRST, Job("slow", _bound(1.0, 1.0), _sleeps), Job("late", _bound(2.0, 1.0), _times_out)]
     start = time.monotonic()
     with pytest.raises(SolveTimeout, match="while solving late"):
         run_jobs(jobs, Deadline(5.0, "the test model"), prune=False, workers=2)
     assert time.monotonic() - start < 30
+
+
+def _one_point(limit, ceiling):
+    return [Candidate(1.0, 1.0, 1.0, partial(_plan, Problem("first"), 0))]
+
+
+def _ceiling_size(limit, ceiling):
+    n = 0 if ceiling is None else len(ceiling)
+    return [Candidate(2.0, 0.5, float(n), partial(_plan, Problem("second"), 0))]
+
+
+def test_the_first_group_runs_alone_and_hands_its_frontier_on():
+    """Jobs after the first start with what it found to cut against, as in one process."""
+    jobs = [Job("first", _bound(1.0, 1.0), _one_point)] + [Job(f"then {i}", _bound(2.0 + i, 0.5), _ceiling_size)
+                                                            for i in range(3)]
+    out, stats = run_jobs(jobs, Deadline(None, "test"), prune=True, workers=2)
+    assert stats["workers"] == 2 and len(out) == 4
+    assert all(c.peak_bytes >= 1 for c in out[1:])
 
 
 def test_workers_find_the_frontier_one_process_finds():
