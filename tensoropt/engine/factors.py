@@ -341,6 +341,12 @@ def _pad(a: np.ndarray, width: int, fill) -> np.ndarray:
     return out
 
 
+def back_pointers(f: Factor, idx) -> np.ndarray:
+    """``f``'s back-pointers at ``idx`` as int64 (a released factor keeps them in 32 bits
+    where they fit, ``solver._release``)."""
+    return f.src[idx].astype(np.int64, copy=False)
+
+
 def reconstruct(root: Factor, points: np.ndarray, assignment: dict[int, np.ndarray]) -> None:
     """Fill ``assignment`` with the configuration of every node folded out beneath ``root``,
     for many frontier points at once (``points`` and every ``assignment`` value are arrays
@@ -355,7 +361,7 @@ def reconstruct(root: Factor, points: np.ndarray, assignment: dict[int, np.ndarr
         if f.kind == "leaf":
             continue
         idx = tuple(ctx[v] for v in f.scope) + (p,)
-        code = f.src[idx].astype(np.int64, copy=False)     # released factors keep 32-bit back-pointers
+        code = back_pointers(f, idx)
         if (code < 0).any():
             raise AssertionError("back-pointer to a padding point")
         if f.kind == "chain":

@@ -433,7 +433,7 @@ class _ChainBuilder:
         wa = self.template.width
         for k in range(self.n, 0, -1):
             v = self.vs[k]
-            code = v.src[(j_last, j, point) if self.carry else (j, point)].astype(np.int64, copy=False)
+            code = fx.back_pointers(v, (j_last, j, point) if self.carry else (j, point))
             if (code < 0).any():
                 raise AssertionError("back-pointer to a padding point")
             c, rest = np.divmod(code, self.vs[k - 1].width * wa)
