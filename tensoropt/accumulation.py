@@ -1,10 +1,10 @@
 """Gradient accumulation without pipeline stages: a step of ``m`` micro-batches on one mesh.
 
 Each micro-batch computes as the model at the micro-batch size does and keeps that size's
-activations. Without ZeRO, gradients are reduced once per step (the cost graph's gradient
-traffic scaled by 1/m, so m micro-batches add up to one reduction); under ZeRO every
-micro-batch gathers and reduces (``execution.syncs_gradients_once``, which the apply layer
-runs by). The optimizer steps once. A plan's time is its micro-batch's times m, plus the
+activations. Without ZeRO and under ZeRO-1, gradients are reduced (and ZeRO-1's parameters
+gathered) once per step: the cost graph's parameter traffic scaled by 1/m, so m micro-batches
+add up to one reduction; under ZeRO-2 and -3 every micro-batch gathers and reduces
+(``execution.syncs_gradients_once``, which the apply layer runs by). The optimizer steps once. A plan's time is its micro-batch's times m, plus the
 fixed cost once. ``setups`` prices a plan someone runs this way (``plan_for(...,
 microbatches=m)``) and the search (``frontier(..., accumulate=(2, 4))``) tries every mesh and
 ZeRO stage at each count; ``apply.train_step`` runs the m micro-batches of a step.

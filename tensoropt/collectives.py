@@ -129,14 +129,15 @@ class CollectiveModel:
         return getattr(self, kind)
 
     def raw_time_s(self, kind: str, nbytes: float, p: int, latency_s: float,
-                   bandwidth_bytes_per_s: float) -> float:
-        """Calibrated cost from raw numbers (p ranks, link α and B)."""
+                   bandwidth_bytes_per_s: float, latency_share: float = 1.0) -> float:
+        """Calibrated cost from raw numbers (p ranks, link α and B); ``latency_share`` of the
+        fixed costs (α and the per-call overhead), for a buffer issued with others in one call."""
         cal = self.params(kind)
-        t = FORMULAS[kind](nbytes, p, cal.alpha_scale * latency_s,
+        t = FORMULAS[kind](nbytes, p, latency_share * cal.alpha_scale * latency_s,
                             cal.bandwidth_efficiency * bandwidth_bytes_per_s)
-        return t + cal.base_s if t > 0 else 0.0
+        return t + latency_share * cal.base_s if t > 0 else 0.0
 
-    def time_s(self, kind: str, nbytes: float, mesh: Mesh, axis: int | str) -> float:
+    def time_s(self, kind: str, nbytes: float, mesh: Mesh, axis: int | str, latency_share: float = 1.0) -> float:
         """Calibrated cost of one collective over ``mesh``'s ``axis`` (index or name)."""
         return self.raw_time_s(kind, nbytes, mesh.axis_size(axis), mesh.latency_s(axis),
-                               mesh.bandwidth_bytes_per_s(axis))
+                               mesh.bandwidth_bytes_per_s(axis), latency_share)

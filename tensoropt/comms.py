@@ -7,8 +7,12 @@ edge's re-layout and every later use of a tied parameter. Priced with the plan's
 the same rules (``tensoropt.traffic``) through the cost model.
 
 :func:`issued_collectives` is the same rules applied the way ``tensoropt.apply`` runs the
-plan, which differs from what the cost model prices in three ways:
+plan, which differs from what the cost model prices in four ways:
 
+* parameter collectives go out one call per group and kind where the apply layer groups
+  them (FSDP2's groups; without ZeRO, the DTensor runner's gradient buckets), where the cost
+  model gives each parameter its share of that call's fixed costs
+  (``execution.latency_shares``, ``execution.groups_parameter_collectives``);
 * consumers of one tensor that want it in one layout share one move (the cost model prices
   every edge's move);
 * a tied parameter lives in its first user's layout, so a later user that wants another
@@ -33,12 +37,12 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
-from .execution import syncs_gradients_once
+from .execution import gradient_group, latency_shares, syncs_gradients_once
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
 from .strategy import OpConfig, output_placements, term_placements
-from .traffic import (Collective, aligned, edge_collectives, grad_partial, is_gradient_reduction,
+from .traffic import (Collective, aligned, edge_collectives, grad_partial, is_parameter_collective,
                       operator_collectives, owners, relayout_collectives, tied_grad_move, tied_use_collectives,
                       tied_use_label, tied_uses)
 from .training import TrainingConfig
@@ -59,22 +63,23 @@ def _configs(plan: Plan, graph: OpGraph) -> list[OpConfig]:
 def _operator_collectives(plan: Plan, graph: OpGraph, cfgs, training: TrainingConfig) -> list[Collective]:
     shape = tuple(plan.mesh_shape)
     out: list[Collective] = []
+    shares = latency_shares(graph)
     for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
-        out += operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0)
+        out += operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0, shares)
     return out
 
 
 def _per_step(plan: Plan, micro_batch: list[Collective]) -> list[Collective]:
     """One micro-batch's collectives as a step of ``plan.microbatches`` runs them (no pipeline
-    stages): each micro-batch issues its own, except the gradient reductions that run once
-    per step (``execution.syncs_gradients_once``)."""
+    stages): each micro-batch issues its own, except the parameters' gradient reductions and
+    ZeRO-1 gathers, which run once per step (``execution.syncs_gradients_once``)."""
     m = plan.microbatches
     if m <= 1:
         return micro_batch
     if not syncs_gradients_once(plan.zero_stage or 0):
         return micro_batch * m
-    return ([c for c in micro_batch if is_gradient_reduction(c)]
-            + [c for c in micro_batch if not is_gradient_reduction(c)] * m)
+    return ([c for c in micro_batch if is_parameter_collective(c)]
+            + [c for c in micro_batch if not is_parameter_collective(c)] * m)
 
 
 def predicted_collectives(plan: Plan, graph: OpGraph) -> list[Collective]:
@@ -101,7 +106,7 @@ def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Coll
     cfgs = _configs(plan, graph)
     training = TrainingConfig.of_plan(plan.training)
     shape = tuple(plan.mesh_shape)
-    out = _operator_collectives(plan, graph, cfgs, training)
+    out = _bucketed(plan, graph, cfgs, training, apply_mode)
     moved: set = set()
     for e in graph.edges:
         dst = graph.operators[e.dst]
@@ -115,6 +120,40 @@ def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Coll
     if math.prod(shape) > 1:
         out += _loss_value(graph, cfgs[-1], shape, apply_mode)
     return _per_step(plan, out)
+
+
+def _bucketed(plan: Plan, graph: OpGraph, cfgs, training: TrainingConfig, apply_mode: str) -> list[Collective]:
+    """The operators' own collectives as the apply layer issues them: parameter collectives go
+    out one call per group (``execution.gradient_group``), axes the gradient is partial over,
+    kind, axis and phase -- FSDP2's groups, and without ZeRO the DTensor runner's gradient
+    buckets (under ZeRO it moves each sharded parameter on its own)."""
+    shape = tuple(plan.mesh_shape)
+    shares = latency_shares(graph)
+    # FSDP2 issues every group's at once; the DTensor runner buckets gradients without ZeRO
+    grouped = apply_mode == "replicate" or not plan.zero_stage
+    out: list[Collective] = []
+    merged: dict[tuple, int] = {}
+    for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
+        colls = operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0, shares)
+        if not grouped:
+            out += colls
+            continue
+        group = gradient_group(graph, op)
+        partial = {pname: grad_partial(cfg, t) for t, pname in zip(op.terms[0], op.param_names) if pname}
+        for c in colls:
+            if not is_parameter_collective(c):
+                out.append(c)
+                continue
+            kind, pname = c.where.split(" ", 1)
+            key = (group, partial.get(pname), c.kind, c.axis, c.phase, kind)
+            if key in merged:
+                i = merged[key]
+                out[i] = replace(out[i], bytes=out[i].bytes + c.bytes, latency_share=1.0,
+                                 where=f"{kind} group {group or '(root)'}")
+            else:
+                merged[key] = len(out)
+                out.append(c)
+    return out
 
 
 def _tied_uses_as_run(graph: OpGraph, cfgs, shape, training: TrainingConfig, apply_mode: str) -> list[Collective]:

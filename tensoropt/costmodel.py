@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
 from .collectives import CollectiveModel
 from .compute import ALIGNED_BYTES, ALIGNED_FAMILIES, MATMUL_FAMILIES, ComputeModel, alignment_bytes, default_compute_model
 from .cost_terms import CostTerms
+from .execution import model_parallel
 from .hardware import Device
 from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
@@ -91,14 +92,16 @@ class CostModel:
     # ------------------------------------------------------------------ nodes
 
     def node_cost(self, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool = True,
-                  zero_stage: int = 0) -> NodeCost:
+                  zero_stage: int = 0, latency_shares: Mapping[str, float] | None = None) -> NodeCost:
         """Cost of ``op`` in configuration ``cfg``; ``owns_params=False`` for a later user of a
         tied parameter (its state is charged at the first user). ``zero_stage`` shards the
         optimizer state (1), + gradients (2), + parameters (3) over the axes where the
-        parameter is replicated while the operator splits something else."""
+        parameter is replicated while the operator splits something else.
+        ``latency_shares``: its graph's ``execution.latency_shares`` (None: every parameter's
+        collectives pay their fixed costs in full)."""
         if zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
-        return _node_cost(self, op, cfg, mesh, owns_params, zero_stage)
+        return _node_cost(self, op, cfg, mesh, owns_params, zero_stage, latency_shares)
 
     def price(self, items: Iterable[Collective | Move], mesh: Mesh) -> float:
         """The time of collectives on ``mesh``: the sum of each one's α–β price. Items may be
@@ -107,9 +110,9 @@ class CostModel:
         total = 0.0
         for item in items:
             if isinstance(item, Collective):
-                total += col.time_s(item.kind, item.bytes, mesh, item.axis)
+                total += col.time_s(item.kind, item.bytes, mesh, item.axis, item.latency_share)
             else:
-                total += sum(col.time_s(c.kind, c.bytes, mesh, c.axis) for c in item)
+                total += sum(col.time_s(c.kind, c.bytes, mesh, c.axis, c.latency_share) for c in item)
         return total
 
     def moves_s(self, items: Iterable[Collective | Move], mesh: Mesh) -> float:
@@ -125,8 +128,9 @@ class CostModel:
         return t.relayout_scale * priced_s + t.per_collective_s * calls
 
 
-def _calls(items) -> int:
-    return sum(1 if isinstance(i, Collective) else len(i) for i in items)
+def _calls(items) -> float:
+    """Collective calls, a collective issued with its group's counting as its share."""
+    return sum(i.latency_share if isinstance(i, Collective) else sum(c.latency_share for c in i) for i in items)
 
 
 def _local_alignment(op: Operator, cfg: OpConfig, shape: tuple[int, ...], itemsize: int) -> int:
@@ -141,7 +145,7 @@ def _local_alignment(op: Operator, cfg: OpConfig, shape: tuple[int, ...], itemsi
 
 
 def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool,
-               zero_stage: int) -> NodeCost:
+               zero_stage: int, latency_shares: Mapping[str, float] | None) -> NodeCost:
     shape = mesh.shape
     terms, out = op.terms
     ws = cfg.work_shards(shape)
@@ -156,8 +160,8 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                                                   cm.device, dtype, align)
     # operator-level layouts (something besides the batch split over a mesh axis) pay a
     # dispatch cost per operator, and issue their collectives one call each
-    model_parallel = any(s not in (None, "b") and n > 1 for s, n in zip(cfg.splits, shape))
-    if model_parallel:
+    sharded_op = model_parallel(cfg, shape)
+    if sharded_op:
         compute += tt.per_sharded_op_s
     p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = updated = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
@@ -181,12 +185,18 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
             gathered += (2 * bp + bg) * local_numel * (1 - 1 / d)
             regathered += bp * local_numel if d > 1 else 0.0
         g_bytes += bg * local_numel / (d if zero_stage >= 2 else 1)
+        if zero_stage == 1 and d > 1:
+            # ZeRO-1 holds the step's gathered parameters and whole gradients (reduce-scattered
+            # once, after the last micro-batch) beside their stored shards (the apply layer's
+            # ``ProgramRunner._held``; FSDP2 kept unsharded through the micro-batches)
+            p_bytes += bp * local_numel / d
+            g_bytes += bg * local_numel / d
         fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         updated += local_numel / (d if zero_stage >= 1 else 1)
-    moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage))
+    moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage, latency_shares))
     comm = tt.grad_comm_scale * cm.price(moves, mesh)
-    if model_parallel:
+    if sharded_op:
         comm += tt.per_collective_s * _calls(moves)
     act = 0.0
     tensor_scale = cm.training.loss_scale if op.family == "loss" else cm.training.scale

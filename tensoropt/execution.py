@@ -14,19 +14,65 @@ from .opgraph import OpGraph, Operator
 from .strategy import OpConfig, label_sizes
 
 __all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated",
-           "apply_mode", "syncs_gradients_once"]
+           "apply_mode", "syncs_gradients_once", "model_parallel", "gradient_group", "latency_shares",
+           "groups_parameter_collectives"]
 
 _BATCH_STAT_NORMS = ("batch_norm",)
 
 
 def syncs_gradients_once(zero_stage: int) -> bool:
     """Whether a step accumulating micro-batches reduces parameter gradients once, after the
-    last micro-batch (gradient sync off for the others: FSDP2 ``replicate``, DTensor
-    execution), rather than after every micro-batch. Under ZeRO (FSDP2 ``fully_shard``, or
-    sharded storage on model-parallel plans) every micro-batch gathers its parameters and
-    reduces its gradients: turning sync off there would keep each group's whole gradients
-    until the last micro-batch, which is not the memory ZeRO is priced at."""
-    return zero_stage == 0
+    last micro-batch (gradient sync off for the others), rather than after every micro-batch.
+    Without ZeRO (FSDP2 ``replicate``, DTensor execution) and under ZeRO-1, which keeps whole
+    gradients anyway (Megatron's distributed optimizer): its parameters are gathered once, at
+    the step's first use (FSDP2 ``fully_shard`` kept unsharded through the micro-batches; a
+    DTensor plan's gathered copy held for the step), and its gradients reduce-scattered once.
+    Under ZeRO-2 and -3 every micro-batch gathers and reduces: turning sync off there would
+    keep each group's whole gradients until the last micro-batch, which is not the memory
+    they are priced at."""
+    return zero_stage <= 1
+
+
+def model_parallel(cfg: OpConfig, mesh_shape: Sequence[int]) -> bool:
+    """Whether ``cfg`` splits something besides the batch over a mesh axis of more than one
+    device: such an operator runs on DTensor, operator by operator."""
+    return any(s not in (None, "b") and n > 1 for s, n in zip(cfg.splits, mesh_shape))
+
+
+def gradient_group(graph: OpGraph, op: Operator) -> str:
+    """The FSDP2 group that holds ``op``'s parameters when the apply layer runs a plan
+    replicated: its repeated block's module (``OpGraph.block_modules``), or "" (the root)."""
+    return next((m for m in graph.block_modules if op.module == m or op.module.startswith(m + ".")), "")
+
+
+def groups_parameter_collectives(cfg: OpConfig, mesh_shape: Sequence[int], zero_stage: int) -> bool:
+    """Whether the apply layer issues an operator's parameter collectives with the rest of its
+    group (:func:`latency_shares`) rather than one call each: without ZeRO every gradient
+    all-reduce goes out in its group's bucket (FSDP2's groups; the DTensor runner's buckets);
+    under ZeRO only where the operator splits nothing but the batch (FSDP2, which runs such
+    plans), since the DTensor runner moves ZeRO's sharded parameters one by one."""
+    return zero_stage == 0 or not model_parallel(cfg, mesh_shape)
+
+
+def latency_shares(graph: OpGraph) -> dict[str, float]:
+    """Per parameter: the share of one collective's fixed costs (α per ring step, the per-call
+    overhead) that its gradient reduction and ZeRO gathers carry where they go out with its
+    group's (:func:`groups_parameter_collectives`). Those collectives run per group, not per
+    parameter -- FSDP2's groups and the DTensor runner's buckets in the apply layer
+    (:func:`gradient_group`), gradient buckets in DDP-style runtimes -- so a group pays the
+    fixed costs once per axis, shared by its parameters in proportion to their size. A tied
+    parameter counts once, at its first user."""
+    numel: dict[str, int] = {}
+    group_of: dict[str, str] = {}
+    for op in graph.operators:
+        for spec, pname in zip(op.operands, op.param_names):
+            if pname is not None and pname not in numel:
+                numel[pname] = spec.numel
+                group_of[pname] = gradient_group(graph, op)
+    totals: dict[str, int] = {}
+    for pname, n in numel.items():
+        totals[group_of[pname]] = totals.get(group_of[pname], 0) + n
+    return {p: n / totals[group_of[p]] if totals[group_of[p]] else 1.0 for p, n in numel.items()}
 
 
 def aten_base(aten: str) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
+from .execution import gradient_group, latency_shares
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .recompute import kept_outputs
@@ -140,8 +141,8 @@ def recompute_units(graph: OpGraph) -> list[tuple[str, tuple[int, ...]]]:
     units: dict[str, list[int]] = {}
     if graph.block_modules:
         for i, op in enumerate(graph.operators):
-            name = next((m for m in graph.block_modules if op.module == m or op.module.startswith(m + ".")), None)
-            if name is not None:
+            name = gradient_group(graph, op)
+            if name:
                 units.setdefault(name, []).append(i)
         return [(name, tuple(ops)) for name, ops in units.items()]
     for i, op in enumerate(graph.operators):
@@ -181,14 +182,16 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     # like operators share their configurations and costs, within a problem and across the
     # problems of one cost model (pipeline stages at one micro-batch size, on one mesh)
     cache = cost_model.node_cache
+    shares = latency_shares(graph)
     configs, costs = [], []
     for op, o, sig in zip(graph.operators, own, sigs):
-        key = (sig, mesh, zero_stage, batch_only_axes)
+        key = (sig, tuple(shares.get(p, 1.0) for p in op.param_names if p is not None), mesh, zero_stage,
+               batch_only_axes)
         if key not in cache:
             cfgs = tuple(c for c in enumerate_configs(op, mesh)
                          if all(c.splits[a] in (None, "b") for a in batch_only_axes))
-            cache[key] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage)
-                                      for c in cfgs))
+            cache[key] = (cfgs, tuple(cost_model.node_cost(op, c, mesh, owns_params=o, zero_stage=zero_stage,
+                                                           latency_shares=shares) for c in cfgs))
         configs.append(cache[key][0])
         costs.append(cache[key][1])
     edge_cache = cost_model.edge_cache

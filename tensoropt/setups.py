@@ -117,9 +117,9 @@ def setup_plan(ctx: PlanContext, recapture: Callable[[int], OpGraph], cluster: C
     cm = cost_for(mesh)
     recompute = setup.recompute in ("full", "op")
     policy = "op" if setup.recompute == "op" else "full"
-    # every axis data-parallel runs on FSDP2 fully_shard, which shards gradients: ZeRO-1 runs
-    # (and is priced) as ZeRO-2 there; with model-parallel axes it is priced as such
-    zero = 2 if setup.zero == 1 and tp == 1 and pp == 1 else setup.zero
+    # ZeRO-1 reduce-scatters gradients once per step (``execution.syncs_gradients_once``): with
+    # one micro-batch that is what ZeRO-2 does, and the apply layer runs (and prices) it so
+    zero = 2 if setup.zero == 1 and pp == 1 and setup.microbatches == 1 else setup.zero
 
     micro = recapture(graph.batch_size // setup.microbatches) if setup.microbatches > 1 else None
 

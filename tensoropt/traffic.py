@@ -51,15 +51,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
-from .execution import batch_statistics_axes, batch_statistics_bytes
+from .execution import batch_statistics_axes, batch_statistics_bytes, groups_parameter_collectives
 from .opgraph import Edge, Operator, OpGraph
 from .placement import REPLICATE, Partial, Placement, Replicate, Shard, zero_storage
 from .strategy import OpConfig, output_placements, term_placements
 from .training import TrainingConfig
 
-__all__ = ["Collective", "Move", "flatten", "operator_moves", "operator_collectives", "relayout_moves",
+__all__ = ["Collective", "Move", "is_gradient_reduction", "is_parameter_collective", "flatten", "operator_moves",
+           "operator_collectives", "relayout_moves",
            "axis_relayout_moves", "relayout_collectives", "edge_collectives", "tied_use_moves",
            "tied_use_collectives", "axis_moves", "axis_divisor", "aligned", "grad_partial", "owners", "tied_uses",
            "tied_grad_move", "tied_use_label"]
@@ -73,6 +74,9 @@ class Collective:
     phase: str           # "forward" or "backward"
     where: str = ""      # e.g. "edge layers.0 -> gelu[0]", "grad layers.0.weight"
     priced: bool = True  # False: issued by the apply layer, not in the cost model
+    # the share of the collective's fixed costs (α, per-call overhead) it carries: below 1 for
+    # a parameter's collectives issued with its group's (``execution.latency_shares``)
+    latency_share: float = 1.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,34 +91,47 @@ def is_gradient_reduction(c: Collective) -> bool:
     return c.where.startswith("grad ") and not c.where.startswith("grad of ")
 
 
+def is_parameter_collective(c: Collective) -> bool:
+    """A parameter's gradient reduction or one of its ZeRO gathers (``operator_moves``): what a
+    step that syncs gradients once (``execution.syncs_gradients_once``) issues once."""
+    return is_gradient_reduction(c) or c.where.startswith("param ")
+
+
 def flatten(moves: list[Move]) -> list[Collective]:
     return [c for move in moves for c in move]
 
 
 def operator_moves(op: Operator, cfg: OpConfig, shape: Sequence[int], training: TrainingConfig,
-                   owns_params: bool = True, zero_stage: int = 0) -> list[Move]:
+                   owns_params: bool = True, zero_stage: int = 0,
+                   latency_shares: Mapping[str, float] | None = None) -> list[Move]:
     """An operator's own collectives in configuration ``cfg`` (see module doc), one move per
     parameter and axis (its gradient's reduction and its ZeRO gathers) and per axis its
     BatchNorm statistics cross; ``owns_params=False`` for a later user of a tied parameter
-    (its gradient is reduced at the first user)."""
+    (its gradient is reduced at the first user). ``latency_shares``: per parameter, the
+    share of the fixed costs its collectives carry where they go out with its group's
+    (``execution.latency_shares``, ``execution.groups_parameter_collectives``); None: each
+    pays them in full."""
     out: list[Move] = []
     terms, _ = op.terms
     bp, bg, _ = training.state_bytes_per_param
+    grouped = latency_shares is not None and groups_parameter_collectives(cfg, shape, zero_stage)
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None or not owns_params:
             continue
         local = spec.numel / cfg.shards(t, shape)
+        share = latency_shares.get(pname, 1.0) if grouped else 1.0
         for axis, s in enumerate(cfg.splits):
             if s is None or s in t or shape[axis] == 1:
                 continue
             grad = Collective("all_reduce" if zero_stage == 0 else "reduce_scatter", axis, bg * local, "backward",
-                              f"grad {pname}")
-            gather = Collective("all_gather", axis, bp * local, "forward", f"param {pname}")
+                              f"grad {pname}", latency_share=share)
+            gather = Collective("all_gather", axis, bp * local, "forward", f"param {pname}", latency_share=share)
             if zero_stage == 0:
                 out.append((grad,))
             elif zero_stage == 3:
                 # the two gathers first: a move's prices add up in this order, as rs + 2 * ag
-                out.append((gather, Collective("all_gather", axis, bp * local, "backward", f"param {pname}"), grad))
+                out.append((gather, Collective("all_gather", axis, bp * local, "backward", f"param {pname}",
+                                               latency_share=share), grad))
             else:
                 out.append((grad, gather))
     stats = None
@@ -128,9 +145,10 @@ def operator_moves(op: Operator, cfg: OpConfig, shape: Sequence[int], training: 
 
 
 def operator_collectives(op: Operator, cfg: OpConfig, shape: Sequence[int], training: TrainingConfig,
-                         owns_params: bool = True, zero_stage: int = 0) -> list[Collective]:
+                         owns_params: bool = True, zero_stage: int = 0,
+                         latency_shares: Mapping[str, float] | None = None) -> list[Collective]:
     """:func:`operator_moves`, one collective after another."""
-    return flatten(operator_moves(op, cfg, shape, training, owns_params, zero_stage))
+    return flatten(operator_moves(op, cfg, shape, training, owns_params, zero_stage, latency_shares))
 
 
 def axis_divisor(want: Sequence[Placement], shape: Sequence[int], a: int) -> int:

@@ -13,14 +13,14 @@ import tensoropt
 from tensoropt.capture import capture
 from tensoropt.comms import issued_collectives, predicted_collectives, summarize
 from tensoropt.costmodel import CostModel
-from tensoropt.execution import apply_mode
+from tensoropt.execution import apply_mode, gradient_group, latency_shares, model_parallel
 from tensoropt.hardware import get_link
 from tensoropt.mesh import Mesh, parse_devices
 from tensoropt.models import example_inputs, get_model
 from tensoropt.placement import REPLICATE, Shard
 from tensoropt.strategy import OpConfig
 from tensoropt.training import TrainingConfig
-from tensoropt.traffic import Collective, relayout_collectives, tied_copy, tied_uses
+from tensoropt.traffic import Collective, is_gradient_reduction, is_parameter_collective, operator_collectives, relayout_collectives, tied_copy, tied_uses
 
 
 def _graph(name):
@@ -56,16 +56,18 @@ def test_priced_collectives_are_the_plans_communication_time(model, devices):
 
 def test_issued_collectives_share_moves_and_report_the_loss():
     """On a data-parallel plan every operator splits the batch: no edge moves anything, the
-    gradients are reduced once each, and the apply layer adds the reported loss value."""
+    gradients are reduced one call per FSDP2 group, and the apply layer adds the reported
+    loss value."""
     f = tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False)
     graph = _graph("gpt-tiny")
     dp = f.reference["data parallel"]
     priced = summarize(predicted_collectives(dp, graph))
     issued = issued_collectives(dp, graph, "replicate")
+    groups = {gradient_group(graph, op) for op in graph.operators if any(op.param_names)}
+    assert summarize([c for c in issued if c.priced])["all_reduce"]["count"] == len(groups) == 3
+    assert [c.where for c in issued if not c.priced] == ["reported loss value"]
     # FSDP2 sums the tied embedding's two uses before one reduction: the cost model prices the
     # later use's reduction too
-    assert summarize(issued)["all_reduce"]["count"] == priced["all_reduce"]["count"]
-    assert [c.where for c in issued if not c.priced] == ["reported loss value"]
     assert summarize([c for c in issued if c.priced])["all_reduce"]["bytes"] < priced["all_reduce"]["bytes"]
 
 
@@ -81,9 +83,22 @@ def test_issued_collectives_are_priced_ones_and_the_apply_only_extras(model, dev
     f, graph = _searched(model, devices)
     extras = Counter()
     for p in list(f.plans) + list(f.reference.values()):
-        predicted = Counter(predicted_collectives(p, graph))
+        every = predicted_collectives(p, graph)
         issued = issued_collectives(p, graph, apply_mode(graph, p))
-        priced = Counter(c for c in issued if c.priced)
+        # the parameters' own collectives: as many bytes per kind, axis and phase, in one call
+        # per group where they are grouped (``comms._bucketed``)
+        own = lambda cs: Counter({(c.kind, c.axis, c.phase): 0 for c in cs})  # noqa: E731
+        mine = own([c for c in every if is_parameter_collective(c)])
+        for c in every:
+            if is_parameter_collective(c):
+                mine[c.kind, c.axis, c.phase] += c.bytes
+        sent = own([c for c in issued if is_parameter_collective(c)])
+        for c in issued:
+            if is_parameter_collective(c):
+                sent[c.kind, c.axis, c.phase] += c.bytes
+        assert sent == mine, p.summary
+        predicted = Counter(c for c in every if not is_parameter_collective(c))
+        priced = Counter(c for c in issued if c.priced and not is_parameter_collective(c))
         assert not priced - predicted, p.summary
         assert all(c.where.startswith(PRICED_NOT_ISSUED) for c in predicted - priced), p.summary
         unpriced = [c.where for c in issued if not c.priced]
@@ -190,3 +205,47 @@ def test_edge_tables_price_each_move_by_the_relayout_rule(model, devices):
                     checked += 1
             assert not table[..., 1].any()
     assert checked > 1000
+
+
+def test_a_groups_parameters_share_one_collectives_fixed_costs():
+    """FSDP2 reduces a replicated plan's gradients one call per group (each repeated block, and
+    the root): its parameters' shares of the fixed costs add up to one per group, so an
+    all-data-parallel plan pays the ring's latency once per group and axis, not per parameter.
+    A model-parallel operator's collectives are issued one call each and pay in full."""
+    graph = _graph("gpt-tiny")
+    shares = latency_shares(graph)
+    groups = {}
+    for op in graph.operators:
+        for pname in op.param_names:
+            if pname is not None:
+                groups.setdefault(gradient_group(graph, op), set()).add(pname)
+    assert set(groups) == set(graph.block_modules) | {""}
+    for names in groups.values():
+        assert sum(shares[p] for p in names) == pytest.approx(1.0)
+        assert all(0 < shares[p] < 1 for p in names)
+
+    devices = "8xA100-80GB"
+    mesh = parse_devices(devices)
+    dp = tensoropt.plan_for("gpt-tiny", devices, dp=8)
+    cm = CostModel(mesh.device, training=TrainingConfig.of_plan(dp.training))
+    grads = [c for c in predicted_collectives(dp, graph) if is_gradient_reduction(c)]
+    assert sum(c.latency_share for c in grads) == pytest.approx(len(groups))
+    # the plan's price: bandwidth per parameter, the latency once per group
+    m = _mesh(dp)
+    p, alpha = m.axis_size(0), m.latency_s(0)
+    bandwidth = sum(cm.collectives.time_s(c.kind, c.bytes, m, c.axis, 0.0) for c in grads)
+    assert cm.price(grads, m) == pytest.approx(bandwidth + len(groups) * 2 * (p - 1) * alpha, rel=1e-9)
+
+    # without ZeRO the DTensor runner buckets every gradient by group too; under ZeRO it moves
+    # a model-parallel operator's sharded parameters one by one
+    for zero in (0, 2):
+        tp = tensoropt.plan_for("gpt-tiny", devices, dp=4, tp=2, zero=zero)
+        shape = tuple(tp.mesh_shape)
+        sharded = 0
+        for op, c in zip(tp.ops, graph.operators):
+            cfg = OpConfig.parse(op.config)
+            mine = operator_collectives(c, cfg, shape, TrainingConfig.of_plan(tp.training), True, tp.zero_stage, shares)
+            if model_parallel(cfg, shape) and mine:
+                sharded += 1
+                assert all((x.latency_share == 1.0) == bool(zero) for x in mine), (zero, op.name)
+        assert sharded

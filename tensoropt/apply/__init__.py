@@ -148,7 +148,10 @@ def _gradient_sync(model: nn.Module, on: bool) -> None:
     """Gradient reductions on or off for the next micro-batch's backward, where the plan
     reduces gradients once per step (``execution.syncs_gradients_once``)."""
     layout = layout_of(model)
-    if layout is None or not syncs_gradients_once(getattr(layout.plan, "zero_stage", 0) or 0):
+    if layout is None:
+        return
+    zero = getattr(layout.plan, "zero_stage", 0) or 0
+    if not syncs_gradients_once(zero):
         return
     runner = getattr(model, "_tensoropt_runner", None)
     if runner is not None:
@@ -156,6 +159,10 @@ def _gradient_sync(model: nn.Module, on: bool) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_requires_gradient_sync(on, recurse=False)
+            if zero:
+                # ZeRO-1 on fully_shard: the parameters gathered by the first micro-batch stay
+                # unsharded until the last one's backward
+                module.set_reshard_after_backward(on, recurse=False)
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:

@@ -241,9 +241,10 @@ def layout_of(model: nn.Module) -> PlanLayout | None:
 
 
 def _apply_replicate(model: nn.Module, layout: PlanLayout, mesh: DeviceMesh) -> None:
-    """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 2: keep
-    parameters gathered after forward; ZeRO 3: reshard), one group per repeated block and
-    the root; recomputed modules run under non-reentrant checkpointing."""
+    """All axes data-parallel: FSDP2 ``replicate`` (ZeRO 0) or ``fully_shard`` (ZeRO 1 and 2:
+    keep parameters gathered after forward, and ZeRO-1 through a step's micro-batches, see
+    ``apply._gradient_sync``; ZeRO 3: reshard), one group per repeated block and the root
+    (``execution.gradient_group``); recomputed modules run under non-reentrant checkpointing."""
     zero = getattr(layout.plan, "zero_stage", 0) or 0
     if zero:
         from torch.distributed.fsdp import fully_shard

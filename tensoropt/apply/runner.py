@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -45,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from ..capture.program import Program, call_node, module_paths
 from ..capture.inputs import bind_call, forward_signature
 from .. import placement as planned
+from ..execution import gradient_group
 from .batch_norm import sync_batch_norm
 from .checkpointing import checkpoint_context
 
@@ -114,9 +116,15 @@ class ProgramRunner:
         self.storage: dict[str, tuple[str, ...]] = {}
         self.params_by_id: dict[int, str] = {}
         self.recomputing = 0
-        # accumulating micro-batches without ZeRO: gradients stay partial sums until the last
-        # one's backward (``execution.syncs_gradients_once``), then are reduced once
+        # accumulating micro-batches without ZeRO or under ZeRO-1: gradients stay partial sums
+        # until the last one's backward (``execution.syncs_gradients_once``), then are reduced once
         self.defer_grad_sync = False
+        self.held: dict[tuple, torch.Tensor] = {}   # ZeRO-1: parameters gathered for the step (``_held``)
+        # gradients reduced per bucket (``_buckets``): parameter id -> bucket, bucket -> size,
+        # and the parameters whose gradients wait for the rest of their bucket
+        self.bucket_of: dict[int, tuple] = {}
+        self.bucket_sizes: dict[tuple, int] = {}
+        self.pending: dict[tuple, dict[int, torch.Tensor]] = {}
         self.replaying: set[str] | None = None     # in a recomputed forward: values it must not write
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
@@ -172,8 +180,63 @@ class ProgramRunner:
         if self.defer_grad_sync:
             return
         g = p.grad
-        if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        if not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
+            return
+        bucket = self.bucket_of.get(id(p))
+        if bucket is None or tuple(g.placements) != tuple(
+                Partial() if partial else pl for partial, pl in zip(bucket[1], p.placements)):
             p.grad = g.redistribute(p.device_mesh, p.placements)
+            return
+        if not self.pending:
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush_buckets)
+        waiting = self.pending.setdefault(bucket, {})
+        waiting[id(p)] = p
+        if len(waiting) == self.bucket_sizes[bucket]:
+            self._flush(bucket)
+
+    def _buckets(self, params: dict[str, nn.Parameter]) -> None:
+        """The parameters whose gradients are all-reduced together (ZeRO's sharded parameters
+        aside), by FSDP2 group (``execution.gradient_group``) and by the mesh axes their
+        gradients are partial over -- one call per bucket and axis, as the cost model's
+        ``execution.latency_shares`` prices them."""
+        seen: set[str] = set()
+        for o in self.layout.ops:
+            for j, pname in enumerate(o.param_names):
+                if pname is None or pname in seen:
+                    continue
+                seen.add(pname)
+                p = params.get(pname)
+                if p is None or id(p) in self.params_by_id or not any(o.grad_partial[j]):
+                    continue
+                key = (gradient_group(self.layout.graph, self.layout.graph.operators[o.index]),
+                       o.grad_partial[j], p.dtype)
+                self.bucket_of[id(p)] = key
+                self.bucket_sizes[key] = self.bucket_sizes.get(key, 0) + 1
+
+    def _flush(self, bucket: tuple) -> None:
+        """One all-reduce per partial axis of a bucket's gradients, flattened: each gradient is
+        moved into the flat buffer and then is a view of it, so the bucket holds one copy."""
+        ps = list(self.pending.pop(bucket).values())
+        flat = torch.empty(sum(p.grad.to_local().numel() for p in ps), dtype=bucket[2],
+                           device=ps[0].grad.to_local().device)
+        views, at = [], 0
+        for p in ps:
+            t = p.grad.to_local()
+            view = flat[at:at + t.numel()].view(t.shape)
+            view.copy_(t)
+            at += t.numel()
+            views.append(view)
+            p.grad = None
+        for a, partial in enumerate(bucket[1]):
+            if partial:
+                dist.all_reduce(flat, group=self.mesh.get_group(a))
+        for p, view in zip(ps, views):
+            p.grad = DTensor.from_local(view, self.mesh, p.placements, run_check=False)
+
+    def _flush_buckets(self) -> None:
+        """At the end of a backward: the buckets some of whose parameters got no gradient."""
+        for bucket in list(self.pending):
+            self._flush(bucket)
 
     def install_parameters(self, names: set[str] | None = None) -> dict[str, nn.Parameter]:
         """Replace the model's parameters (those in ``names``, all by default) by DTensor
@@ -201,6 +264,8 @@ class ProgramRunner:
             if owner in self.zero_axes:
                 self.params_by_id[id(new)] = owner
             out[aliases[0]] = new
+        installed = {id(q) for q in out.values()}
+        self._buckets({n: q for n, q in model.named_parameters(remove_duplicate=False) if id(q) in installed})
         return out
 
     def _zero_storage(self) -> None:
@@ -356,6 +421,11 @@ class ProgramRunner:
         if not isinstance(src, torch.Tensor):
             return src
         zero_param = self.params_by_id.get(id(src)) if self.zero else None
+        if zero_param is not None and self.zero == 1 and torch.is_grad_enabled():
+            local = self._held(zero_param, o.want[j], o.grad_partial[j], src)
+            if local.requires_grad:
+                local = _OwnGrad.apply(local)
+            return self._fix_operand(o, j, local)
         key = (o.operand_nodes[j], o.want[j], o.grad_partial[j])
         if zero_param is None and key in moved:     # another consumer moved it the same way
             local = moved[key]
@@ -383,6 +453,38 @@ class ProgramRunner:
         if local.requires_grad:
             local = (_OwnGrad if o.param_names[j] is not None else _ContiguousGrad).apply(local)
         return self._fix_operand(o, j, local)
+
+    def _held(self, pname: str, want: tuple, partial: tuple, param: DTensor) -> torch.Tensor:
+        """ZeRO-1: ``param`` (its sharded storage) gathered into the layout ``want`` once per
+        step, a leaf every use shares; its gradient -- partial sums where ``partial`` -- adds
+        up over the step's micro-batches and is reduce-scattered into the stored shard's
+        gradient once, after the last (``execution.syncs_gradients_once``)."""
+        key = (pname, want, partial)
+        leaf = self.held.get(key)
+        if leaf is not None:
+            return leaf
+        placements = [to_placement(p) for p in want]
+        with torch.no_grad():
+            leaf = param.redistribute(self.mesh, placements).to_local()
+        if leaf.untyped_storage().nbytes() > leaf.numel() * leaf.element_size():
+            leaf = leaf.clone()
+        if param.requires_grad:
+            grad_placements = [Partial() if partial[a] else placements[a] for a in range(self.mesh.ndim)]
+            leaf.requires_grad_()
+            leaf.register_post_accumulate_grad_hook(
+                lambda t: self._reduce_held(key, param, grad_placements, t))
+        self.held[key] = leaf
+        return leaf
+
+    def _reduce_held(self, key: tuple, param: DTensor, grad_placements: list, leaf: torch.Tensor) -> None:
+        if self.defer_grad_sync:
+            return
+        with torch.no_grad():
+            g = DTensor.from_local(leaf.grad, self.mesh, grad_placements, run_check=False)
+            g = g.redistribute(self.mesh, param.placements)
+        param.grad = g if param.grad is None else param.grad + g
+        leaf.grad = None
+        del self.held[key]                     # the next step gathers the updated parameter
 
     def _op(self, st: Step, env: dict[str, Any]) -> None:
         o = st.op
