@@ -138,7 +138,7 @@ def _brute_force(found) -> np.ndarray:
     return pareto_points(np.concatenate(pts))
 
 
-def _residual_mlp():
+def _residual_mlp(batch: int = 8, d: int = 32):
     """Two repeated residual blocks (so recompute units are searched) in a user's own code."""
     import torch
     import torch.nn as nn
@@ -165,8 +165,8 @@ def _residual_mlp():
             return F.mse_loss(x, y)
 
     with torch.device("meta"):
-        model = Net()
-        inputs = (torch.randn(8, 32), torch.randn(8, 32))
+        model = Net(d)
+        inputs = (torch.randn(batch, d), torch.randn(batch, d))
     return model, inputs
 
 
@@ -211,7 +211,7 @@ def test_selective_recompute_frontiers_equal_brute_force(monkeypatch):
     saves that output, and the search equals brute force."""
     import tensoropt
 
-    model, inputs = _residual_mlp()
+    model, inputs = _residual_mlp(batch=8, d=16)      # a width where recomputed plans are on the frontier
     seen = _record(monkeypatch)
     f = tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False,
                            prune_meshes=False, zero=False, recompute_policy="op")
