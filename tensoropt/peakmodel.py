@@ -217,9 +217,9 @@ def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
     (every axis of more than one device splits the batch of every batched operator while the
     others replicate, and no batch statistics are synchronised) -- or, under ZeRO-2/3, FSDP2
     ``fully_shard`` -- or None when no plan of this problem runs that way (pipeline stages, or
-    an operator with no such configuration). ZeRO-1 is not among them: ``fully_shard`` shards
-    gradients, so the apply layer runs it as ZeRO-2 and ``plan_for`` prices it so; the search
-    does not offer it."""
+    an operator with no such configuration). ZeRO-1 is not among them: with one micro-batch it
+    runs as ZeRO-2, and ``plan_for`` prices it so; it runs as itself only while accumulating,
+    whose FSDP2 holdings are not priced here; the search does not offer it."""
     if problem.accumulates or problem.zero_stage == 1:
         return None
     shape = problem.mesh.shape
