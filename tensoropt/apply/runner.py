@@ -68,6 +68,18 @@ def to_placement(p: planned.Placement) -> Placement:
     raise TypeError(f"not a placement: {p!r}")
 
 
+def _grad_placements(placements, partial) -> list[Placement]:
+    """How an operand's gradient arrives: partial sums on the axes where ``partial`` says so
+    (``traffic.grad_partial``), laid out as ``placements`` elsewhere."""
+    return [Partial() if q else pl for pl, q in zip(placements, partial)]
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied where it is a slice of a larger buffer (gloo's all-to-all is an all-gather
+    and a chunk), so that what is kept (saved by autograd, held) is only the slice."""
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
+
+
 # env key of the operands already moved to a layout this forward: consumers of one node that
 # want it in the same layout share one move (one all-gather for q, k and v, one saved copy)
 _MOVED = "__moved__"
@@ -183,8 +195,7 @@ class ProgramRunner:
         if not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
             return
         bucket = self.bucket_of.get(id(p))
-        if bucket is None or tuple(g.placements) != tuple(
-                Partial() if partial else pl for partial, pl in zip(bucket[1], p.placements)):
+        if bucket is None or tuple(g.placements) != tuple(_grad_placements(p.placements, bucket[1])):
             p.grad = g.redistribute(p.device_mesh, p.placements)
             return
         if not self.pending:
@@ -221,7 +232,7 @@ class ProgramRunner:
                            device=ps[0].grad.to_local().device)
         views, at = [], 0
         for p in ps:
-            t = p.grad.to_local()
+            t = p.grad.to_local()       # not listed first: each gradient goes once copied
             view = flat[at:at + t.numel()].view(t.shape)
             view.copy_(t)
             at += t.numel()
@@ -440,12 +451,10 @@ class ProgramRunner:
             # (a parameter used in its stored layout gets its gradient as partial sums, which
             # its post-accumulate hook reduces: once per step when micro-batches defer it)
             x = x.redistribute(self.mesh, want)
-        gpl = [Partial() if o.grad_partial[j][a] else to_placement(o.want[j][a]) for a in range(self.mesh.ndim)]
+        gpl = _grad_placements(want, o.grad_partial[j])
         local = x.to_local(grad_placements=gpl) if x.requires_grad else x.to_local()
-        if o.param_names[j] is None and local.untyped_storage().nbytes() > local.numel() * local.element_size():
-            # a slice of a larger buffer (gloo's all-to-all is an all-gather and a chunk):
-            # keep only the slice, which is what autograd may save
-            local = local.clone()
+        if o.param_names[j] is None:
+            local = _own_storage(local)
         if zero_param is not None and self.zero >= 3 and not self.recomputing:
             gathered.append((local.untyped_storage().data_ptr(), src, want))
         elif zero_param is None:
@@ -465,22 +474,19 @@ class ProgramRunner:
             return leaf
         placements = [to_placement(p) for p in want]
         with torch.no_grad():
-            leaf = param.redistribute(self.mesh, placements).to_local()
-        if leaf.untyped_storage().nbytes() > leaf.numel() * leaf.element_size():
-            leaf = leaf.clone()
+            leaf = _own_storage(param.redistribute(self.mesh, placements).to_local())
         if param.requires_grad:
-            grad_placements = [Partial() if partial[a] else placements[a] for a in range(self.mesh.ndim)]
+            gpl = _grad_placements(placements, partial)
             leaf.requires_grad_()
-            leaf.register_post_accumulate_grad_hook(
-                lambda t: self._reduce_held(key, param, grad_placements, t))
+            leaf.register_post_accumulate_grad_hook(lambda t: self._reduce_held(key, param, gpl, t))
         self.held[key] = leaf
         return leaf
 
-    def _reduce_held(self, key: tuple, param: DTensor, grad_placements: list, leaf: torch.Tensor) -> None:
+    def _reduce_held(self, key: tuple, param: DTensor, gpl: list, leaf: torch.Tensor) -> None:
         if self.defer_grad_sync:
             return
         with torch.no_grad():
-            g = DTensor.from_local(leaf.grad, self.mesh, grad_placements, run_check=False)
+            g = DTensor.from_local(leaf.grad, self.mesh, gpl, run_check=False)
             g = g.redistribute(self.mesh, param.placements)
         param.grad = g if param.grad is None else param.grad + g
         leaf.grad = None
