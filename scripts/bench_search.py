@@ -101,7 +101,7 @@ def run_target(model: str, devices: str, settings: dict, time_limit_s: float, me
             " 'min_memory': [f.min_memory().peak_memory_bytes, f.min_memory().summary],"
             " 'search_space': f.stats['search_space'], 'workers': f.stats['workers'],"
             " 'pool_peak_resident_bytes': f.stats.get('peak_resident_bytes'),"
-            " 'approximated': f.stats['approximated'], 'caption': f.caption()}\n"
+            " 'approximated': f.stats['approximated'], 'set_aside': f.stats.get('set_aside'), 'caption': f.caption()}\n"
             "except Exception as err:\n"
             "    r = {'error': f'{type(err).__name__}: {err}'}\n"
             "r['search_s'] = time.monotonic() - t0\n"

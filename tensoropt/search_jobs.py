@@ -7,7 +7,9 @@ end-of-forward memory, which no plan's peak is below). Jobs are then solved fast
 first, and a job whose bound lies wholly on or above the frontier found so far is skipped:
 none of its plans could reach the frontier, so the frontier is the one solving every job
 would give, found with less work. A job that is solved is handed that frontier too, to
-drop partial plans it already dominates (``engine.solve``'s ``ceiling``). Candidates come
+drop partial plans it already dominates (``engine.solve``'s ``ceiling``); while nothing has
+been found, a job that would take long is set aside until the rest are solved
+(``fallback.solve_in_turn``), for the same reason. Candidates come
 back in the jobs' own order, so ties on the merged frontier go the same way whichever jobs
 ran. With ``workers > 1`` the jobs are solved in forked processes (``search_pool``), to the
 same frontier.
@@ -24,7 +26,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .fallback import solve_in_turn
+from .fallback import PROBE_JOBS, solve_in_turn, with_candidates
 from .plan_builder import Candidate
 from .search_options import Deadline
 from .search_pool import can_fork, groups_of, run_parallel
@@ -56,16 +58,26 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
              workers: int = 1, fallback: float | None = None) -> tuple[list[Candidate], dict]:
     """Every job's candidates, in job order, skipping those the frontier found so far
     dominates (``prune``); ``bar`` advances once per job; ``workers > 1``: in that many forked
-    processes where the platform forks; ``fallback``: see ``fallback.solve_job``. Stats: jobs,
-    skipped, workers, approximated (the jobs solved with the fallback ε, in job order)."""
+    processes where the platform forks; ``fallback``: see ``fallback.solve_job``. While nothing
+    is found yet, up to ``PROBE_JOBS`` jobs that take longer than ``fallback.PROBE_S`` are set
+    aside and solved last (``fallback.solve_in_turn``). Stats: jobs, skipped, workers,
+    set_aside (how many jobs were, chains included), approximated (the jobs solved with the fallback ε, in job
+    order)."""
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].bound.time_min, jobs[i].bound.memory_min, i))
     if workers > 1 and can_fork() and len(groups_of(jobs, order)) > 1:
-        results, skipped, approx, pool = run_parallel(jobs, order, deadline, bar, prune, workers, fallback)
+        results, skipped, approx, pool = run_parallel(jobs, order, deadline, bar, prune, workers, fallback,
+                                                      probes=PROBE_JOBS)
         return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, **pool,
                                                  "approximated": [approx[i] for i in sorted(approx)]}
-    out, approx = solve_in_turn(jobs, order, deadline, np.zeros((0, 2)), prune, fallback, bar)
+    out, approx, aside = solve_in_turn(jobs, order, deadline, np.zeros((0, 2)), prune, fallback, bar,
+                                       probes=PROBE_JOBS)
+    if aside:
+        found = with_candidates(np.zeros((0, 2)), [c for r in out.values() if r for c in r])
+        later, more, _ = solve_in_turn(jobs, aside, deadline, found, prune, fallback, bar)
+        out.update(later)
+        approx.update(more)
     results = [out[i] or [] for i in range(len(jobs))]
     skipped = sum(c is None for c in out.values())
     return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1,
+                                             "set_aside": len(aside),
                                              "approximated": [approx[i] for i in sorted(approx)]}
-

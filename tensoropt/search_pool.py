@@ -116,16 +116,17 @@ def _start_worker(growth, next_slot, parent_bytes: float, peak) -> None:
     memguard.share_cap(growth, slot, parent_bytes, peak)
 
 
-def _solve_group(indices: list[int], found: np.ndarray) -> bytes:
-    """Run one group's jobs in order (in a worker); their candidates (None: skipped) and how
-    much each counter grew, pickled with references to what the parent holds."""
+def _solve_group(indices: list[int], found: np.ndarray, probes: int) -> bytes:
+    """Run one group's jobs in order (in a worker); their candidates (None: skipped), how much
+    each counter grew and the jobs set aside (``fallback.solve_in_turn``'s ``probes``),
+    pickled with references to what the parent holds."""
     jobs, deadline, prune, fallback = _STATE["jobs"], _STATE["deadline"], _STATE["prune"], _STATE["fallback"]
     counters = _STATE["counters"]
     before = {k: Counter(c) for k, c in counters.items()}
-    out, approx = solve_in_turn(jobs, indices, deadline, found, prune, fallback)
+    out, approx, aside = solve_in_turn(jobs, indices, deadline, found, prune, fallback, probes=probes)
     grown = {k: c - before[k] for k, c in counters.items()}
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, approx, grown))
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, approx, grown, aside))
     return buf.getvalue()
 
 
@@ -190,12 +191,14 @@ def groups_of(jobs, order: list[int]) -> list[list[int]]:
 
 
 def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: int,
-                 fallback: float | None = None) -> tuple[list, int, dict, dict]:
+                 fallback: float | None = None, probes: int = 0) -> tuple[list, int, dict, dict]:
     """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
     with the ``fallback`` ε (index -> ``fallback.solve_job``'s record), and stats of the
-    pool: workers and the most memory parent and workers held together at any check. The
-    first group runs alone: a job started with nothing found yet to cut against can keep a
-    frontier many times the size it keeps in one process."""
+    pool: workers, the most memory parent and workers held together at any check, and how
+    many jobs were set aside. Groups run one at a time until something is found: a job
+    started with nothing to cut against can keep a frontier many times the size it keeps in
+    one process. Until then up to ``probes`` groups that take too long are set aside and run
+    last, as ``fallback.solve_in_turn`` does in one process."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))
     refs = _references(jobs)
@@ -217,21 +220,25 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     found = np.zeros((0, 2))
     pending: dict = {}
     queue = list(groups)
+    aside: list[list[int]] = []
     try:
         with memguard.counting(held), ProcessPoolExecutor(
                 workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
                 initargs=(growth, next_slot, parent_bytes, peak)) as pool:
             try:
-                room = 1    # the first group alone: the others start with its frontier to cut against
                 while queue or pending:
+                    room = workers if len(found) else 1    # the others start with a frontier to cut against
                     while queue and len(pending) < room:
                         group = queue.pop(0)
-                        pending[pool.submit(_solve_group, group, found)] = group
+                        left = 0 if group in aside else probes - len(aside)
+                        pending[pool.submit(_solve_group, group, found, left)] = group
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    room = workers
                     for fut in done:
                         group = pending.pop(fut)
-                        out, approx, grown = _Unpickler(io.BytesIO(fut.result())).load()
+                        out, approx, grown, set_aside = _Unpickler(io.BytesIO(fut.result())).load()
+                        if set_aside:
+                            aside.append(set_aside)
+                            queue.append(set_aside)
                         approximated.update(approx)
                         for k, delta in grown.items():
                             counters[k].update(delta)
@@ -243,11 +250,12 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                                 if cands:
                                     found = with_candidates(found, cands)
                         if bar is not None:
-                            bar.update(len(group))
+                            bar.update(len(group) - len(set_aside))
                     memguard.check()
             except BaseException:
                 _stop(pool)
                 raise
     finally:
         _STATE.clear()
-    return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(peak.value)}
+    return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(peak.value),
+                                            "set_aside": sum(map(len, aside))}

@@ -15,7 +15,7 @@ from tensoropt.engine import SolveTimeout
 from tensoropt.engine.bounds import LowerBound
 from tensoropt.engine.memguard import SearchMemoryExceeded
 from tensoropt.plan_builder import Candidate
-from tensoropt.fallback import FALLBACK_SHARE
+from tensoropt.fallback import PROBE_S, FALLBACK_SHARE
 from tensoropt.search_jobs import Job, run_jobs
 from tensoropt.search_options import Deadline
 from tensoropt.search_pool import can_fork
@@ -164,3 +164,43 @@ def test_fallback_plans_are_within_the_stated_bound_of_the_exact_frontier(monkey
 def test_a_bad_fallback_is_refused_before_capture():
     with pytest.raises(ValueError, match="epsilon_fallback"):
         tensoropt.frontier("not-a-model", "4xA100-80GB", epsilon_fallback=-1.0)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_job_too_slow_with_nothing_to_cut_against_is_set_aside_until_the_rest_are_solved(workers):
+    """The fastest-bound job needs more than PROBE_S while nothing is found yet: it and the rest
+    of its chain are solved last, against what the others found; candidates come back in job
+    order as ever."""
+    if workers > 1 and not can_fork():
+        pytest.skip("worker processes are forked")
+    import multiprocessing as mp
+
+    manager = mp.get_context("fork").Manager() if workers > 1 else None
+    ran, given = (manager.list(), manager.list()) if manager else ([], [])
+
+    def slow_alone(name, point):
+        def solve(limit, ceiling, epsilon=None):
+            ran.append((name, 0 if ceiling is None else len(ceiling)))
+            given.append(limit)
+            if epsilon is None and (ceiling is None or not len(ceiling)):
+                raise SolveTimeout("time limit reached during a combine")
+            return [Candidate(*point, point[1], _plan)]
+        return solve
+
+    def quick(name, point):
+        def solve(limit, ceiling, epsilon=None):
+            ran.append((name, 0 if ceiling is None else len(ceiling)))
+            return [Candidate(*point, point[1], _plan)]
+        return solve
+    jobs = [Job("b", _bound(2.0, 1.0), quick("b", (2.0, 1.0)), chain="mesh b"),
+            Job("a0", _bound(1.0, 4.0), slow_alone("a0", (1.0, 4.0)), chain="mesh a"),
+            Job("a2", _bound(1.5, 3.0), quick("a2", (1.5, 3.0)), chain="mesh a")]
+    out, stats = run_jobs(jobs, Deadline(600.0, "test"), workers=workers, fallback=0.01)
+    assert list(ran) == [("a0", 0), ("b", 0), ("a0", 1), ("a2", 2)]
+    assert [(c.time_s, c.peak_bytes) for c in out] == [(2.0, 1.0), (1.0, 4.0), (1.5, 3.0)]
+    assert stats["set_aside"] == 2 and stats["approximated"] == [] and given[0] == PROBE_S
+    # with too little time left to set one aside, the exact solve has its share, then the fallback
+    given[:] = []
+    out, stats = run_jobs(jobs[1:2], Deadline(2 * PROBE_S, "test"), workers=1, fallback=0.01)
+    assert stats["set_aside"] == 0 and stats["approximated"][0]["reason"] == "time"
+    assert given[0] == pytest.approx(PROBE_S, abs=0.5) and given[0] < PROBE_S
