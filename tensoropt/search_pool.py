@@ -195,10 +195,11 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
     with the ``fallback`` ε (index -> ``fallback.solve_job``'s record), and stats of the
     pool: workers, the most memory parent and workers held together at any check, and how
-    many jobs were set aside. Groups run one at a time until something is found: a job
-    started with nothing to cut against can keep a frontier many times the size it keeps in
-    one process. Until then up to ``probes`` groups that take too long are set aside and run
-    last, as ``fallback.solve_in_turn`` does in one process."""
+    many jobs were set aside. A job started with nothing to cut against can keep a frontier
+    many times the size it keeps in one process: until something is found, groups start with
+    ``fallback.PROBE_S`` to solve their first job and are set aside (run again last) where it
+    needs longer, up to ``probes`` of them, as ``fallback.solve_in_turn`` does in one
+    process; past that, such a group runs alone."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))
     refs = _references(jobs)
@@ -226,15 +227,22 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                 workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
                 initargs=(growth, next_slot, parent_bytes, peak)) as pool:
             try:
+                probing: dict = {}
                 while queue or pending:
-                    room = workers if len(found) else 1    # the others start with a frontier to cut against
-                    while queue and len(pending) < room:
-                        group = queue.pop(0)
-                        left = 0 if group in aside else probes - len(aside)
-                        pending[pool.submit(_solve_group, group, found, left)] = group
+                    while queue and len(pending) < workers:
+                        group = queue[0]
+                        probe = (not len(found) and group not in aside
+                                 and probes > len(aside) + sum(probing.values()))
+                        if not len(found) and not probe and pending:
+                            break      # with nothing to cut against and no time limit, it runs alone
+                        queue.pop(0)
+                        fut = pool.submit(_solve_group, group, found, int(probe))
+                        pending[fut] = group
+                        probing[fut] = probe
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
                         group = pending.pop(fut)
+                        probing.pop(fut)
                         out, approx, grown, set_aside = _Unpickler(io.BytesIO(fut.result())).load()
                         if set_aside:
                             aside.append(set_aside)

@@ -196,7 +196,8 @@ def test_a_job_too_slow_with_nothing_to_cut_against_is_set_aside_until_the_rest_
             Job("a0", _bound(1.0, 4.0), slow_alone("a0", (1.0, 4.0)), chain="mesh a"),
             Job("a2", _bound(1.5, 3.0), quick("a2", (1.5, 3.0)), chain="mesh a")]
     out, stats = run_jobs(jobs, Deadline(600.0, "test"), workers=workers, fallback=0.01)
-    assert list(ran) == [("a0", 0), ("b", 0), ("a0", 1), ("a2", 2)]
+    ran = list(ran)                    # on two workers "a0" and "b" start at once
+    assert sorted(ran[:2]) == [("a0", 0), ("b", 0)] and ran[2:] == [("a0", 1), ("a2", 2)]
     assert [(c.time_s, c.peak_bytes) for c in out] == [(2.0, 1.0), (1.0, 4.0), (1.5, 3.0)]
     assert stats["set_aside"] == 2 and stats["approximated"] == [] and given[0] == PROBE_S
     # with too little time left to set one aside, the exact solve has its share, then the fallback

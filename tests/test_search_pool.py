@@ -14,6 +14,7 @@ import pytest
 from tensoropt.engine import SolveTimeout, memguard
 from tensoropt.engine.bounds import LowerBound
 from tensoropt.engine.memguard import SearchMemoryExceeded
+from tensoropt.fallback import PROBE_S
 from tensoropt.plan_builder import Candidate
 from tensoropt.search_jobs import Job, run_jobs
 from tensoropt.search_options import Deadline
@@ -79,8 +80,8 @@ def _first_point(limit, ceiling):
     return [Candidate(0.5, 100.0, 100.0, partial(_plan, Problem("first"), 0))]
 
 
-# The pool runs one group at a time until one finds a point (the others start with its frontier),
-# so tests that need two jobs at once put a quick one first.
+# Until a point is found, the pool starts groups that have no time limit one at a time (the others
+# start with its frontier), so tests that need two jobs at once put a quick one first.
 _FIRST = Job("first", _bound(0.5, 100.0), _first_point)
 
 
@@ -128,16 +129,19 @@ def _one_point(limit, ceiling):
 
 def _ceiling_size(limit, ceiling):
     n = 0 if ceiling is None else len(ceiling)
-    return [Candidate(2.0, 0.5, float(n), partial(_plan, Problem("second"), 0))]
+    return [Candidate(2.0, -1.0 if limit is None else limit, 10.0 + n, partial(_plan, Problem("second"), 0))]
 
 
-def test_the_first_group_runs_alone_and_hands_its_frontier_on():
-    """Jobs after the first start with what it found to cut against, as in one process."""
+def test_jobs_start_with_the_frontier_found_or_a_time_limit_to_be_set_aside_by():
+    """Jobs that start before anything is found (the first two, on two workers) get
+    ``PROBE_S`` to solve in; those after start with what was found to cut against."""
     jobs = [Job("first", _bound(1.0, 1.0), _one_point)] + [Job(f"then {i}", _bound(2.0 + i, 0.5), _ceiling_size)
                                                             for i in range(3)]
     out, stats = run_jobs(jobs, Deadline(None, "test"), prune=True, workers=2)
-    assert stats["workers"] == 2 and len(out) == 4
-    assert all(c.peak_bytes >= 1 for c in out[1:])
+    assert stats["workers"] == 2 and len(out) == 4 and stats["set_aside"] == 0
+    started_blind = [c for c in out[1:] if c.peak_bytes == 10.0]
+    assert len(started_blind) <= 1 and all(c.memory_bytes == PROBE_S for c in started_blind)
+    assert all(c.memory_bytes == -1.0 for c in out[1:] if c.peak_bytes > 10.0)
 
 
 def test_workers_find_the_frontier_one_process_finds():
