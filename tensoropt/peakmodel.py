@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -82,16 +82,21 @@ class PeakModel:
     replicate_configs: np.ndarray | None     # (n_ops,) configuration index per operator
     n_ops: int
     build_block: Callable[[], PeakGraph] | None = None
-    build_parts: Callable[[], tuple] | None = None
+    build_parts: Callable[[], Iterator[tuple]] | None = None
     exact_rows: int = EXACT_SEARCH_ROWS
 
     @cached_property
     def _searched(self) -> tuple[PeakGraph, tuple]:
         if self.build_block is None:
             return self.exact, ()
-        split = self.build_parts() if self.build_parts is not None else ()
-        widest = max(_widest_cut(g) for _, _, g in split) if split else _widest_cut(self.exact)
-        return (self.exact, split) if widest <= self.exact_rows else (self.build_block(), ())
+        split = []
+        for part in (self.build_parts() if self.build_parts is not None else ()):
+            if _widest_cut(part[2]) > self.exact_rows:
+                return self.build_block(), ()          # the parts after it are not built
+            split.append(part)
+        if split or _widest_cut(self.exact) <= self.exact_rows:
+            return self.exact, tuple(split)
+        return self.build_block(), ()
 
     def release_search(self) -> None:
         """Forget the searched graphs (the block graph, the exact one's parts); pricing plans
@@ -164,9 +169,9 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
     exact = _build(problem, graph, microbatches, fine=True, exclude=exclude)
     block = partial(_build, problem, graph, microbatches, fine=False, exclude=exclude)
 
-    def parts():
-        return tuple((f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub}))
-                     for f, sub in _tied_classes(problem))
+    def parts():                    # one at a time: the search may need only the first
+        for f, sub in _tied_classes(problem):
+            yield f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub})
     only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
     return PeakModel(exact, only, rep, n_ops, block, parts, exact_rows)
 
