@@ -205,3 +205,24 @@ def test_a_job_too_slow_with_nothing_to_cut_against_is_set_aside_until_the_rest_
     out, stats = run_jobs(jobs[1:2], Deadline(2 * PROBE_S, "test"), workers=1, fallback=0.01)
     assert stats["set_aside"] == 0 and stats["approximated"][0]["reason"] == "time"
     assert given[0] == pytest.approx(PROBE_S, abs=0.5) and given[0] < PROBE_S
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_jobs_set_aside_leave_the_frontier_as_it_is(monkeypatch, workers):
+    """Every probe made to run out of time: the first jobs are set aside and solved last, and
+    the frontier is the one found without setting any aside, plan for plan."""
+    if workers > 1 and not can_fork():
+        pytest.skip("worker processes are forked")
+    from tensoropt import fallback, search_jobs
+
+    kw = dict(batch_size=16, max_mesh_dims=2, progress=False, references=False, workers=workers)
+    monkeypatch.setattr(search_jobs, "PROBE_JOBS", 0)
+    plain = tensoropt.frontier("gpt-tiny", "8xA100-80GB", **kw)
+    monkeypatch.setattr(search_jobs, "PROBE_JOBS", 4)
+    monkeypatch.setattr(fallback, "PROBE_S", 1e-6)
+    aside = tensoropt.frontier("gpt-tiny", "8xA100-80GB", **kw)
+    assert plain.stats["set_aside"] == 0 and aside.stats["set_aside"] >= 4
+    assert aside.stats["approximated"] == [] and aside.caption() == plain.caption()
+    assert len(aside.plans) == len(plain.plans)
+    for p, q in zip(plain.plans, aside.plans):
+        assert p.to_dict() == q.to_dict()
