@@ -275,3 +275,31 @@ def test_tied_copy_frontiers_equal_brute_force():
     for found in seen:
         assert found.stats["peak_search"] == "exact"
         assert np.array_equal(np.column_stack([found.times, found.peaks]), _brute_force(found))
+
+
+def test_a_graph_refuses_bad_terms_and_shares_frozen_ones():
+    """``PeakGraph.build`` keeps a term already frozen (int nodes, read-only float64 table) as
+    it is, copies any other, and refuses a scope that repeats a node, reads one out of range
+    or does not match its table's shape, frozen or not."""
+    from tensoropt.engine.peakgraph import PeakGraph, Region, Term
+
+    frozen = np.zeros((2, 3))
+    frozen.setflags(write=False)
+
+    def build(local):
+        return PeakGraph.build(["a", "b"], [2, 3], [Term((0,), np.zeros((2, 2))), Term((1,), np.zeros((3, 2)))],
+                               [Region((0, 1), local=(local,))])
+    kept = Term((0, 1), frozen)
+    g = build(kept)
+    assert g.regions[0].local[0] is kept
+    loose = Term([np.int64(0), 1], np.zeros((2, 3)))          # numpy node, writable table
+    g = build(loose)
+    out = g.regions[0].local[0]
+    assert out is not loose and out.scope == (0, 1) and type(out.scope[0]) is int
+    assert not out.table.flags.writeable and loose.table.flags.writeable
+    square = np.zeros((2, 2))
+    square.setflags(write=False)
+    for bad, match in [(Term((0, 0), square), "repeats a node"), (Term((0, 2), frozen), "out of range"),
+                       (Term((1, 0), frozen), "table shape")]:
+        with pytest.raises(ValueError, match=match):
+            build(bad)

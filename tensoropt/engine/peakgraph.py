@@ -258,14 +258,19 @@ def _frozen(term, ks: tuple[int, ...], names, additive: bool = False):
         parts = tuple(_frozen(p, ks, names) for p in term.parts)
         scope = SumTerm(parts).scope
         return SumTerm(parts, tuple(ks[v] for v in scope))
-    scope = tuple(map(int, term.scope))
-    if len(set(scope)) != len(scope):
+    scope = term.scope
+    # a Term of int nodes over a read-only float64 table is already frozen: kept as it is
+    same = type(term) is Term and type(scope) is tuple and all(type(v) is int for v in scope)
+    if not same:
+        scope = tuple(map(int, scope))
+    if len(scope) > 1 and len(set(scope)) != len(scope):
         raise ValueError(f"a term's scope repeats a node: {scope}")
     if scope and not (0 <= min(scope) and max(scope) < len(ks)):
         raise ValueError(f"a term reads a node out of range: {scope}")
     table = term.table
-    if not (isinstance(table, np.ndarray) and table.dtype == np.float64 and not table.flags.writeable):
+    if not (type(table) is np.ndarray and table.dtype == np.float64 and not table.flags.writeable):
         table = np.array(table, dtype=np.float64)      # a read-only table is shared, not copied
+        same = False
     want = tuple([ks[v] for v in scope] + ([2] if additive else []))
     if table.shape != want:
         label = ", ".join(names[v] for v in scope)
@@ -273,5 +278,7 @@ def _frozen(term, ks: tuple[int, ...], names, additive: bool = False):
     if additive:
         if not np.isfinite(table).all() or (table[..., 0] < 0).any():
             raise ValueError(f"additive term over {scope}: costs must be finite, times >= 0")
+    if same:
+        return term
     table.setflags(write=False)
     return Term(scope, table)
