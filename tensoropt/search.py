@@ -118,8 +118,9 @@ def frontier(
     ``prune_meshes`` (skip a mesh or pipeline shape whose lower bound the frontier found so far
     already dominates; the frontier is the same, ``stats["skipped"]`` counts them) and
     ``workers`` (processes that build and solve meshes and pipeline shapes at once, forked on
-    Linux, one process elsewhere; None: every CPU this process may use; the frontier is the
-    same, and the memory limit holds over all of them together).
+    Linux, one process elsewhere; None: every CPU this process may use, or one in a rank of an
+    initialized ``torch.distributed`` group; the frontier is the same, and the memory limit
+    holds over all of them together).
 
     Memory is the step's peak per device (``Plan.peak_memory_bytes``): what a device holds when
     the forward pass ends -- parameters, gradients, optimizer state and saved activations, a sum

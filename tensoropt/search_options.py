@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,7 +78,9 @@ class SearchOptions:
 
         if self.workers is not None and self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
-        return self.workers if self.workers is not None else usable_cpus()
+        if self.workers is not None:
+            return self.workers
+        return 1 if in_distributed_run() else usable_cpus()
 
     def fallback(self) -> float | None:
         """The fallback ε the jobs get (None where it would not loosen the search's own)."""
@@ -126,3 +130,11 @@ class Deadline:
                 "search fewer meshes (max_mesh_dims) or the coarse space (coarse=True).") from None
         except SearchMemoryExceeded as err:
             raise SearchMemoryExceeded(f"while solving {what}, {err}") from None
+
+
+def in_distributed_run() -> bool:
+    """Whether this process is a rank of an initialized ``torch.distributed`` group (a search
+    run under torchrun): a forked worker would copy it without its communication threads,
+    so the search stays in one process unless ``workers`` says otherwise."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())

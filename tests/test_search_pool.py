@@ -5,6 +5,7 @@ parent and workers, and a worker's error ending the search."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from functools import partial
 
@@ -175,3 +176,22 @@ def test_workers_must_be_positive():
 
     with pytest.raises(ValueError, match="workers must be at least 1"):
         tensoropt.frontier("gpt-tiny", "2xA100-80GB", workers=0, progress=False)
+
+
+def test_a_search_in_a_distributed_rank_stays_in_one_process_unless_told(monkeypatch):
+    """A rank of an initialized process group is not forked by default (a child would copy it
+    without its communication threads); an explicit ``workers`` still holds."""
+    import torch.distributed as dist
+
+    from tensoropt.search_options import SearchOptions
+    from tensoropt.search_pool import usable_cpus
+
+    assert SearchOptions().worker_count() == usable_cpus()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29400 + os.getpid() % 500))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        assert SearchOptions().worker_count() == 1 and SearchOptions(workers=2).worker_count() == 2
+    finally:
+        dist.destroy_process_group()
+    assert SearchOptions().worker_count() == usable_cpus()
