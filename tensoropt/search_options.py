@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
