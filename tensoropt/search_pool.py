@@ -219,7 +219,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     skipped = 0
     approximated: dict[int, dict] = {}
     found = np.zeros((0, 2))
-    pending: dict = {}
+    pending: dict = {}                     # future -> (its group, whether it probes)
     queue = list(groups)
     aside: list[list[int]] = []
     try:
@@ -227,22 +227,19 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                 workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
                 initargs=(growth, next_slot, parent_bytes, peak)) as pool:
             try:
-                probing: dict = {}
                 while queue or pending:
                     while queue and len(pending) < workers:
                         group = queue[0]
                         probe = (not len(found) and group not in aside
-                                 and probes > len(aside) + sum(probing.values()))
+                                 and probes > len(aside) + sum(p for _, p in pending.values()))
                         if not len(found) and not probe and pending:
                             break      # with nothing to cut against and no time limit, it runs alone
                         queue.pop(0)
                         fut = pool.submit(_solve_group, group, found, int(probe))
-                        pending[fut] = group
-                        probing[fut] = probe
+                        pending[fut] = (group, probe)
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        group = pending.pop(fut)
-                        probing.pop(fut)
+                        group, _ = pending.pop(fut)
                         out, approx, grown, set_aside = _Unpickler(io.BytesIO(fut.result())).load()
                         if set_aside:
                             aside.append(set_aside)
