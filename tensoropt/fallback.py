@@ -27,7 +27,7 @@ import numpy as np
 
 from .engine import SolveTimeout, memguard
 from .engine.bounds import dominated
-from .engine.memguard import SearchMemoryExceeded
+from .engine.memguard import SearchCrowdedOut, SearchMemoryExceeded
 from .engine.pareto import pareto
 
 __all__ = ["solve_job", "solve_in_turn", "with_candidates", "FALLBACK_SHARE", "FALLBACK_STEPS", "PROBE_S",
@@ -125,6 +125,8 @@ def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = 
                     return job.solve(probe_s if probing else share, found), None
                 memguard.check()
                 return job.solve(share, found, epsilon=eps), {"job": job.label, "epsilon": eps, "reason": reason}
+            except SearchCrowdedOut:
+                raise                 # not this job's size: the pool runs it again with fewer beside it
             except SearchMemoryExceeded:
                 if last:
                     raise

@@ -61,8 +61,10 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
     processes where the platform forks; ``fallback``: see ``fallback.solve_job``. While nothing
     is found yet, up to ``PROBE_JOBS`` jobs that take longer than ``fallback.PROBE_S`` are set
     aside and solved last (``fallback.solve_in_turn``). Stats: jobs, skipped, workers,
-    set_aside (how many jobs were, chains included), approximated (the jobs solved with the
-    fallback ε, in job order)."""
+    set_aside (how many jobs were, chains included), crowded_out and concurrency (groups of
+    jobs run again with fewer beside them to stay within the memory cap, and how many could
+    run at once at the end: ``search_pool.run_parallel``), approximated (the jobs solved with
+    the fallback ε, in job order)."""
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].bound.time_min, jobs[i].bound.memory_min, i))
     if workers > 1 and can_fork() and len(groups_of(jobs, order)) > 1:
         results, skipped, approx, pool = run_parallel(jobs, order, deadline, bar, prune, workers, fallback,
@@ -79,5 +81,5 @@ def run_jobs(jobs: list[Job], deadline: Deadline, bar=None, prune: bool = True,
     results = [out[i] or [] for i in range(len(jobs))]
     skipped = sum(c is None for c in out.values())
     return [c for r in results for c in r], {"jobs": len(jobs), "skipped": skipped, "workers": 1,
-                                             "set_aside": len(aside),
+                                             "set_aside": len(aside), "crowded_out": 0, "concurrency": 1,
                                              "approximated": [approx[i] for i in sorted(approx)]}

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .engine import SolveTimeout, memguard
-from .engine.memguard import SearchMemoryExceeded
+from .engine.memguard import SearchCrowdedOut, SearchMemoryExceeded
 from .units import parse_bytes
 
 __all__ = ["SearchOptions", "Deadline", "MEMORY_FRACTION", "MEMORY_ADVICE", "WORKERS_ADVICE"]
@@ -127,6 +127,8 @@ class Deadline:
                 f"(at {str(err).split(' at ', 1)[-1].split('. ')[0]})."
                 " Raise time_limit_s, pass epsilon > 0, "
                 "search fewer meshes (max_mesh_dims) or the coarse space (coarse=True).") from None
+        except SearchCrowdedOut:
+            raise
         except SearchMemoryExceeded as err:
             raise SearchMemoryExceeded(f"while solving {what}, {err}") from None
 

@@ -11,7 +11,9 @@ Jobs that share state in order (the ZeRO stages of one mesh hand on which peak s
 needed: ``Job.chain``) run in one worker, in the order the serial search runs them. The
 parent hands each group the frontier found so far, so a group skips what it dominates as the
 serial search would; skipping never changes the frontier (``search_jobs``). One memory cap
-holds over the parent and every worker (``memguard.share_cap``).
+holds over the parent and every worker (``memguard.share_cap``). A group crowded out of it
+by the others (``memguard.SearchCrowdedOut``) runs again later, and from then on fewer
+groups run at once: at the end a group that runs alone meets the cap as one process would.
 """
 
 from __future__ import annotations
@@ -109,24 +111,37 @@ class _Unpickler(pickle.Unpickler):
         return _STATE["refs"][pid]
 
 
-def _start_worker(growth, next_slot, parent_bytes: float, peak) -> None:
+def _start_worker(growth, next_slot, parent_bytes: float, peak, running=None) -> None:
     with next_slot.get_lock():
         slot = next_slot.value
         next_slot.value += 1
-    memguard.share_cap(growth, slot, parent_bytes, peak)
+    memguard.share_cap(growth, slot, parent_bytes, peak, running)
 
 
 def _solve_group(indices: list[int], found: np.ndarray, probes: int) -> bytes:
     """Run one group's jobs in order (in a worker); their candidates (None: skipped), how much
     each counter grew and the jobs set aside (``fallback.solve_in_turn``'s ``probes``),
-    pickled with references to what the parent holds."""
+    pickled with references to what the parent holds; None where the group was crowded out
+    (its results are dropped: it runs again)."""
     jobs, deadline, prune, fallback = _STATE["jobs"], _STATE["deadline"], _STATE["prune"], _STATE["fallback"]
     counters = _STATE["counters"]
     before = {k: Counter(c) for k, c in counters.items()}
-    out, approx, aside = solve_in_turn(jobs, indices, deadline, found, prune, fallback, probes=probes)
+    try:
+        result = solve_in_turn(jobs, indices, deadline, found, prune, fallback, probes=probes)
+    except memguard.SearchCrowdedOut:
+        result = None
+    if result is None:
+        for k, c in counters.items():
+            c.clear()
+            c.update(before[k])
+        memguard.release()
+        return pickle.dumps(None)
+    out, approx, aside = result
     grown = {k: c - before[k] for k, c in counters.items()}
     buf = io.BytesIO()
     _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump((out, approx, grown, aside))
+    del result, out
+    memguard.release()
     return buf.getvalue()
 
 
@@ -195,7 +210,9 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     """Per job its candidates (or [] where skipped), how many were skipped, the jobs solved
     with the ``fallback`` ε (index -> ``fallback.solve_job``'s record), and stats of the
     pool: workers, the most memory parent and workers held together at any check, and how
-    many jobs were set aside. A job started with nothing to cut against can keep a frontier
+    many jobs were set aside and how many groups were crowded out of the memory cap (run
+    again with fewer beside them; ``concurrency`` is how many could run at once at the end).
+    A job started with nothing to cut against can keep a frontier
     many times the size it keeps in one process: until something is found, groups start with
     ``fallback.PROBE_S`` to solve their first job and are set aside (run again last) where it
     needs longer, up to ``probes`` of them, as ``fallback.solve_in_turn`` does in one
@@ -208,6 +225,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     growth = mp.get_context("fork").RawArray("d", workers)
     next_slot = mp.get_context("fork").Value("i", 0)
     peak = mp.get_context("fork").RawValue("d", parent_bytes)
+    running = mp.get_context("fork").RawValue("i", 0)       # groups being solved now
     _STATE.update(jobs=jobs, deadline=deadline, prune=prune, refs=refs, counters=counters, fallback=fallback)
 
     def held() -> float:
@@ -222,13 +240,14 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     pending: dict = {}                     # future -> (its group, whether it probes)
     queue = list(groups)
     aside: list[list[int]] = []
+    limit, crowded = workers, 0            # how many groups may run at once; how often one was crowded out
     try:
         with memguard.counting(held), ProcessPoolExecutor(
                 workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
-                initargs=(growth, next_slot, parent_bytes, peak)) as pool:
+                initargs=(growth, next_slot, parent_bytes, peak, running)) as pool:
             try:
                 while queue or pending:
-                    while queue and len(pending) < workers:
+                    while queue and len(pending) < limit:
                         group = queue[0]
                         probe = (not len(found) and group not in aside
                                  and probes > len(aside) + sum(p for _, p in pending.values()))
@@ -237,10 +256,18 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                         queue.pop(0)
                         fut = pool.submit(_solve_group, group, found, int(probe))
                         pending[fut] = (group, probe)
+                        running.value = len(pending)
                     done, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in done:
                         group, _ = pending.pop(fut)
-                        out, approx, grown, set_aside = _Unpickler(io.BytesIO(fut.result())).load()
+                        running.value = len(pending)
+                        result = _Unpickler(io.BytesIO(fut.result())).load()
+                        if result is None:
+                            crowded += 1
+                            limit = max(1, min(limit - 1, len(pending)))
+                            queue.insert(0, group)
+                            continue
+                        out, approx, grown, set_aside = result
                         if set_aside:
                             aside.append(set_aside)
                             queue.append(set_aside)
@@ -256,11 +283,15 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                                     found = with_candidates(found, cands)
                         if bar is not None:
                             bar.update(len(group) - len(set_aside))
-                    memguard.check()
+                    if len(pending) > 1:
+                        held()             # the workers judge the cap: past it, one steps back
+                    else:
+                        memguard.check()
             except BaseException:
                 _stop(pool)
                 raise
     finally:
         _STATE.clear()
     return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(peak.value),
-                                            "set_aside": sum(map(len, aside))}
+                                            "set_aside": sum(map(len, aside)), "crowded_out": crowded,
+                                            "concurrency": limit}

@@ -231,7 +231,7 @@ def test_jobs_run_fastest_bound_first_and_return_in_their_own_order():
             job("fast", 1.0, 5.0, [(1.0, 5.0), (2.0, 2.0)])]
     out, stats = run_jobs(jobs, Deadline(None, "test"))
     assert ran == ["fast", "slow"] and stats == {"jobs": 3, "skipped": 1, "workers": 1, "set_aside": 0,
-                                                  "approximated": []}
+                                                  "crowded_out": 0, "concurrency": 1, "approximated": []}
     assert [(c.time_s, c.peak_bytes) for c in out] == [(3.0, 1.0), (1.0, 5.0), (2.0, 2.0)]
     ran.clear()
     out, stats = run_jobs(jobs, Deadline(None, "test"), prune=False)

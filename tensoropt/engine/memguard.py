@@ -7,7 +7,9 @@ of every combine) raises :class:`SearchMemoryExceeded` once the process's reside
 past it. Resident memory is read from ``/proc/self/statm``; elsewhere the check is skipped.
 A search split over forked workers (``search_pool``) holds one cap over all of them: each
 worker's :func:`share_cap` counts what the parent held when it forked plus every worker's
-growth since, kept in memory the workers share.
+growth since, kept in memory the workers share. Where they pass the cap together while
+several run, a worker raises :class:`SearchCrowdedOut` instead: the pool runs its work again
+with fewer beside it, so that running jobs side by side never changes what a search finds.
 """
 
 from __future__ import annotations
@@ -15,17 +17,23 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-__all__ = ["SearchMemoryExceeded", "memory_cap", "check", "resident_bytes", "available_bytes", "share_cap",
-           "counting"]
+__all__ = ["SearchMemoryExceeded", "SearchCrowdedOut", "memory_cap", "check", "resident_bytes",
+           "available_bytes", "share_cap", "counting", "release"]
 
 
 class SearchMemoryExceeded(MemoryError):
     """A search went past its memory cap."""
 
 
+class SearchCrowdedOut(SearchMemoryExceeded):
+    """A worker's search passed the cap together with the others running beside it: its work
+    is run again with fewer of them (``search_pool``), not approximated or given up."""
+
+
 _cap: list[tuple[float, str]] = []          # innermost last: (bytes, what to say when it is passed)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _held = None          # in a worker: () -> the memory held by the parent and all workers together
+_crowded = None       # in a worker: () -> whether other workers are solving beside it now
 
 
 def resident_bytes() -> float | None:
@@ -63,12 +71,14 @@ def memory_cap(limit_bytes: float | None, advice: str = ""):
         _cap.pop()
 
 
-def share_cap(growth, slot: int, parent_bytes: float, peak=None) -> None:
+def share_cap(growth, slot: int, parent_bytes: float, peak=None, running=None) -> None:
     """In a forked worker: :func:`check` counts ``parent_bytes`` (the parent's resident memory
     when it forked) plus the sum of ``growth`` (a shared array of doubles, one per worker),
     where this worker writes its own growth above its resident memory now at ``slot``;
-    ``peak`` (a shared double), if given, keeps the largest total seen."""
-    global _held
+    ``peak`` (a shared double), if given, keeps the largest total seen; ``running`` (a shared
+    int), if given, counts the workers solving now: past the cap with others beside it, the
+    worker is crowded out (:class:`SearchCrowdedOut`)."""
+    global _held, _crowded
     base = resident_bytes()
     if base is None:
         return
@@ -81,6 +91,20 @@ def share_cap(growth, slot: int, parent_bytes: float, peak=None) -> None:
             peak.value = total
         return total
     _held = held
+    _crowded = None if running is None else (lambda: running.value > 1)
+
+
+def release() -> None:
+    """Hand memory the process freed back to the system (glibc's ``malloc_trim``: freed heap
+    pages otherwise stay resident and count against the cap while a worker waits for its next
+    job), and count this worker's growth again."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    if _held is not None:
+        _held()
 
 
 @contextmanager
@@ -103,6 +127,9 @@ def check() -> None:
     limit, advice = _cap[-1]
     rss = _held() if _held is not None else resident_bytes()
     if rss is not None and rss > limit:
+        if _crowded is not None and _crowded():
+            raise SearchCrowdedOut(f"the search's workers hold {rss / 2**30:.2f} GiB together, past its memory cap "
+                                   f"of {limit / 2**30:.2f} GiB")
         raise SearchMemoryExceeded(
             f"the search holds {rss / 2**30:.2f} GiB, past its memory cap of {limit / 2**30:.2f} GiB"
             + (f". {advice}" if advice else ""))
