@@ -111,7 +111,38 @@ class _Unpickler(pickle.Unpickler):
         return _STATE["refs"][pid]
 
 
-def _start_worker(growth, next_slot, parent_bytes: float, peak, running=None) -> None:
+class _SharedCap:
+    """What the parent and its forked workers share to hold one memory cap: each worker's
+    growth since it forked (a slot each; the last one the parent's own growth since then),
+    the largest total seen, and how many calls or groups run now."""
+
+    def __init__(self, workers: int):
+        fork = mp.get_context("fork")
+        self.parent_bytes = memguard.resident_bytes() or 0.0
+        self.growth = fork.RawArray("d", workers + 1)
+        self.next_slot = fork.Value("i", 0)
+        self.peak = fork.RawValue("d", self.parent_bytes)
+        self.running = fork.RawValue("i", 0)
+
+    def held(self) -> float:
+        """In the parent: what the parent and every worker hold together (its own growth
+        written where the workers count it)."""
+        rss = memguard.resident_bytes()
+        if rss is not None:
+            self.growth[len(self.growth) - 1] = max(rss - self.parent_bytes, 0.0)
+        total = self.parent_bytes + sum(self.growth[:])
+        self.peak.value = max(self.peak.value, total)
+        return total
+
+    def counting(self):
+        return memguard.counting(self.held, lambda: self.running.value > 1)
+
+    def pool(self, workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
+                                   initargs=(self.growth, self.next_slot, self.parent_bytes, self.peak, self.running))
+
+
+def _start_worker(growth, next_slot, parent_bytes: float, peak, running) -> None:
     with next_slot.get_lock():
         slot = next_slot.value
         next_slot.value += 1
@@ -146,8 +177,16 @@ def _solve_group(indices: list[int], found: np.ndarray, probes: int) -> bytes:
 
 
 def _call(i: int) -> bytes:
+    """``calls[i]()`` (in a worker), pickled as (False, result), or (True, None) where it was
+    crowded out of the memory cap (it runs again)."""
+    try:
+        result = (False, _STATE["calls"][i]())
+    except memguard.SearchCrowdedOut:
+        result = (True, None)
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(_STATE["calls"][i]())
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(result)
+    del result
+    memguard.release()
     return buf.getvalue()
 
 
@@ -156,31 +195,43 @@ def fork_map(calls: list, workers: int, done=None, meanwhile=None) -> list:
     calls' arguments held before the fork (not copies). ``done(result)`` runs in the parent
     as each result arrives; ``meanwhile()``, if given, runs in the parent once the workers
     are forked, before it waits for them (what the calls do not need, e.g. torch work that
-    stays in the parent)."""
+    stays in the parent). A call crowded out of the memory cap runs again later, with fewer
+    calls beside it from then on."""
     workers = max(1, min(workers, len(calls)))
-    refs = _references_of(calls)
-    parent_bytes = memguard.resident_bytes() or 0.0
-    fork = mp.get_context("fork")
-    growth, next_slot = fork.RawArray("d", workers), fork.Value("i", 0)
-    _STATE.update(calls=calls, refs=refs)
+    _STATE.update(calls=calls, refs=_references_of(calls))
+    shared = _SharedCap(workers)
     out: list = [None] * len(calls)
+    # every call is queued at once, so that workers go on while the parent works meanwhile;
+    # after a call is crowded out, those not started yet are taken back and fed ``limit`` at a time
+    queue, pending, limit = list(range(len(calls))), {}, len(calls)
     try:
-        with memguard.counting(lambda: (memguard.resident_bytes() or 0.0) + sum(growth[:])), \
-                ProcessPoolExecutor(workers, mp_context=fork, initializer=_start_worker,
-                                    initargs=(growth, next_slot, parent_bytes, None)) as pool:
-            futures = {pool.submit(_call, i): i for i in range(len(calls))}
+        with shared.counting(), shared.pool(workers) as pool:
             try:
+                def submit() -> None:
+                    while queue and len(pending) < limit:
+                        i = queue.pop(0)
+                        pending[pool.submit(_call, i)] = i
+                    shared.running.value = min(len(pending), workers)
+                submit()
                 if meanwhile is not None:        # the workers exist: they forked at the first submit
                     meanwhile()
-                pending = set(futures)
                 while pending:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for fut in finished:
-                        i = futures[fut]
-                        out[i] = _Unpickler(io.BytesIO(fut.result())).load()
+                        i = pending.pop(fut)
+                        shared.running.value = min(len(pending), workers)
+                        crowded, result = _Unpickler(io.BytesIO(fut.result())).load()
+                        if crowded:
+                            taken_back = [j for f, j in list(pending.items()) if f.cancel()]
+                            pending = {f: j for f, j in pending.items() if not f.cancelled()}
+                            limit = max(1, min(limit - 1, workers - 1, len(pending)))
+                            queue[:0] = sorted([i, *taken_back])
+                            continue
+                        out[i] = result
                         if done is not None:
-                            done(out[i])
+                            done(result)
                     memguard.check()
+                    submit()
             except BaseException:
                 _stop(pool)
                 raise
@@ -221,18 +272,9 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     workers = max(1, min(workers, len(groups)))
     refs = _references(jobs)
     counters = _counters(refs)
-    parent_bytes = memguard.resident_bytes() or 0.0
-    growth = mp.get_context("fork").RawArray("d", workers)
-    next_slot = mp.get_context("fork").Value("i", 0)
-    peak = mp.get_context("fork").RawValue("d", parent_bytes)
-    running = mp.get_context("fork").RawValue("i", 0)       # groups being solved now
+    shared = _SharedCap(workers)
+    running = shared.running
     _STATE.update(jobs=jobs, deadline=deadline, prune=prune, refs=refs, counters=counters, fallback=fallback)
-
-    def held() -> float:
-        total = (memguard.resident_bytes() or 0.0) + sum(growth[:])
-        peak.value = max(peak.value, total)
-        return total
-
     results: list[list] = [[] for _ in jobs]
     skipped = 0
     approximated: dict[int, dict] = {}
@@ -242,9 +284,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     aside: list[list[int]] = []
     limit, crowded = workers, 0            # how many groups may run at once; how often one was crowded out
     try:
-        with memguard.counting(held), ProcessPoolExecutor(
-                workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
-                initargs=(growth, next_slot, parent_bytes, peak, running)) as pool:
+        with shared.counting(), shared.pool(workers) as pool:
             try:
                 while queue or pending:
                     while queue and len(pending) < limit:
@@ -283,15 +323,12 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                                     found = with_candidates(found, cands)
                         if bar is not None:
                             bar.update(len(group) - len(set_aside))
-                    if len(pending) > 1:
-                        held()             # the workers judge the cap: past it, one steps back
-                    else:
-                        memguard.check()
+                    memguard.check()
             except BaseException:
                 _stop(pool)
                 raise
     finally:
         _STATE.clear()
-    return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(peak.value),
+    return results, skipped, approximated, {"workers": workers, "peak_resident_bytes": float(shared.peak.value),
                                             "set_aside": sum(map(len, aside)), "crowded_out": crowded,
                                             "concurrency": limit}

@@ -121,6 +121,25 @@ def test_one_memory_cap_holds_over_every_worker():
     assert len(out) == 3 and stats["crowded_out"] == 0 and stats["concurrency"] == 2
 
 
+def _hold_for_build(arrived, together: int, nbytes: int, k: int):
+    return (k, _hold(arrived, together, nbytes, None, None)[0].time_s)
+
+
+def test_builds_crowded_out_of_the_memory_cap_run_again():
+    """The same for jobs built in workers (``fork_map``): two builds that pass the cap together
+    run again one at a time and return what they return alone; one too large alone stops."""
+    arrived = mp.get_context("fork").Value("i", 0)
+    calls = [partial(_hold_for_build, arrived, 2, 150 * 2**20, k) for k in range(2)]
+    calls += [partial(abs, -k) for k in range(4)]
+    with memguard.memory_cap(memguard.resident_bytes() + 200 * 2**20, "lower it"):
+        assert fork_map(calls, 2) == [(0, 1.0), (1, 1.0), 0, 1, 2, 3]
+        assert arrived.value > 2                 # at least one ran again
+        arrived = mp.get_context("fork").Value("i", 0)
+        calls = [partial(_hold_for_build, arrived, 1, 300 * 2**20, 0), os.getpid]
+        with pytest.raises(SearchMemoryExceeded, match="lower it"):
+            fork_map(calls, 2)
+
+
 def _times_out(limit, ceiling):
     raise SolveTimeout("time limit reached during a combine")
 

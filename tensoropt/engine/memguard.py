@@ -34,6 +34,7 @@ _cap: list[tuple[float, str]] = []          # innermost last: (bytes, what to sa
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _held = None          # in a worker: () -> the memory held by the parent and all workers together
 _crowded = None       # in a worker: () -> whether other workers are solving beside it now
+_defer = None         # in their parent: () -> whether several workers run (they judge the cap then)
 
 
 def resident_bytes() -> float | None:
@@ -78,7 +79,8 @@ def share_cap(growth, slot: int, parent_bytes: float, peak=None, running=None) -
     ``peak`` (a shared double), if given, keeps the largest total seen; ``running`` (a shared
     int), if given, counts the workers solving now: past the cap with others beside it, the
     worker is crowded out (:class:`SearchCrowdedOut`)."""
-    global _held, _crowded
+    global _held, _crowded, _defer
+    _defer = None                     # the parent's, copied by the fork
     base = resident_bytes()
     if base is None:
         return
@@ -108,15 +110,18 @@ def release() -> None:
 
 
 @contextmanager
-def counting(held):
+def counting(held, workers_running=None):
     """Within the block, :func:`check` compares ``held()`` (bytes) with the cap, not this
-    process's resident memory alone (the parent of forked workers counts theirs too)."""
-    global _held
-    before, _held = _held, held
+    process's resident memory alone (the parent of forked workers counts theirs too); while
+    ``workers_running()`` says several workers run, it does not raise: one of them steps back
+    (:class:`SearchCrowdedOut`), which the parent cannot do."""
+    global _held, _defer
+    before = _held, _defer
+    _held, _defer = held, workers_running
     try:
         yield
     finally:
-        _held = before
+        _held, _defer = before
 
 
 def check() -> None:
@@ -127,6 +132,8 @@ def check() -> None:
     limit, advice = _cap[-1]
     rss = _held() if _held is not None else resident_bytes()
     if rss is not None and rss > limit:
+        if _defer is not None and _defer():
+            return
         if _crowded is not None and _crowded():
             raise SearchCrowdedOut(f"the search's workers hold {rss / 2**30:.2f} GiB together, past its memory cap "
                                    f"of {limit / 2**30:.2f} GiB")
