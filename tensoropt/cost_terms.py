@@ -20,6 +20,11 @@ data-parallel operator's gradient reduction goes into a bucket, FSDP2 / DDP, who
 (operator-level layouts: DTensor dispatch); the parameter elements this device updates.
 ``validate.fit`` fits them on measured steps, ``scripts/validate_published.py`` on published
 GPU runs.
+
+One term is not linear: ``grad_comm_overlap``, the share of an operator's own compute behind
+which its parameter collectives (gradient reductions, ZeRO gathers) hide. Where it is above 0,
+``grad_comm_s`` counts per operator only the traffic past that share
+(``validate.published.grad_comm_exposed``); the published fit tries it on a grid.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class CostTerms:
     per_sharded_op_s: float = 0.0
     optimizer_s_per_param: float = 0.0
     fixed_s: float = 0.0
+    # the share of an operator's own compute (uncalibrated) behind which its parameter
+    # collectives hide; only what passes it counts, then times grad_comm_scale (not a linear term)
+    grad_comm_overlap: float = 0.0
     fitted: tuple[str, ...] = ()
     meta: dict | None = None
 
@@ -67,6 +75,8 @@ class CostTerms:
         bad = [t for t in TERMS if not getattr(self, t) >= 0]
         if bad:
             raise ValueError(f"cost terms must be non-negative: {bad}")
+        if not self.grad_comm_overlap >= 0:
+            raise ValueError(f"grad_comm_overlap must be non-negative, got {self.grad_comm_overlap!r}")
         object.__setattr__(self, "fitted", tuple(self.fitted))
 
     def terms(self) -> dict[str, float]:
@@ -74,7 +84,7 @@ class CostTerms:
 
     @property
     def neutral(self) -> bool:
-        return all(getattr(self, t) == NEUTRAL.get(t, 0.0) for t in TERMS)
+        return all(getattr(self, t) == NEUTRAL.get(t, 0.0) for t in TERMS) and self.grad_comm_overlap == 0
 
     @staticmethod
     def unit(term: str) -> "CostTerms":

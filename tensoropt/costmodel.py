@@ -34,7 +34,8 @@ from .mesh import CPU_LINK_NAME, Mesh
 from .opgraph import Edge, Operator, OpGraph
 from .placement import Partial, Placement, Replicate, Shard
 from .strategy import OpConfig, output_placements, term_placements
-from .traffic import Collective, Move, aligned, axis_divisor, axis_relayout_moves, grad_partial, operator_moves
+from .traffic import (Collective, Move, aligned, axis_divisor, axis_relayout_moves, grad_partial,
+                      is_parameter_collective, operator_moves)
 from .training import OPTIMIZERS, PRECISIONS, ZERO_STAGES, TrainingConfig
 
 __all__ = ["TrainingConfig", "CostModel", "NodeCost", "PRECISIONS", "OPTIMIZERS", "ZERO_STAGES"]
@@ -155,9 +156,11 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     tt = cm.terms
     scale = tt.matmul_scale if op.family in MATMUL_FAMILIES else tt.other_compute_scale
     align = _local_alignment(op, cfg, shape, cm.training.activation_itemsize)
-    forward = scale * cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align)
-    compute = forward + scale * cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                                  cm.device, dtype, align)
+    raw_forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align)
+    raw_backward = cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
+                                     cm.device, dtype, align)
+    forward = scale * raw_forward
+    compute = forward + scale * raw_backward
     # operator-level layouts (something besides the batch split over a mesh axis) pay a
     # dispatch cost per operator, and issue their collectives one call each
     sharded_op = model_parallel(cfg, shape)
@@ -195,7 +198,16 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         updated += local_numel / (d if zero_stage >= 1 else 1)
     moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage, latency_shares))
-    comm = tt.grad_comm_scale * cm.price(moves, mesh)
+    if tt.grad_comm_overlap > 0:
+        # a parameter's collectives go out beside compute (FSDP2 prefetches the next gather,
+        # reductions leave during backward): what passes the overlap's share of the operator's
+        # own compute, as the uncalibrated model prices it, is exposed
+        own = [m for m in moves if is_parameter_collective(m[0])]
+        hidden = tt.grad_comm_overlap * (raw_forward + raw_backward)
+        comm = tt.grad_comm_scale * (max(0.0, cm.price(own, mesh) - hidden)
+                                     + cm.price([m for m in moves if not is_parameter_collective(m[0])], mesh))
+    else:
+        comm = tt.grad_comm_scale * cm.price(moves, mesh)
     if sharded_op:
         comm += tt.per_collective_s * _calls(moves)
     act = 0.0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tensoropt.cost_terms import CostTerms
-from tensoropt.validate.published import TIME_TERMS, Case, cases, price, time_features
+from tensoropt.validate.published import OVERLAP_GRID, TIME_TERMS, Case, cases, grad_comm_exposed, price, time_features
 
 
 def test_every_published_row_is_a_case_or_left_out_with_a_reason():
@@ -55,6 +55,28 @@ def test_time_features_add_up_and_fitted_terms_price_the_plan(tmp_path, setup):
              "p2p": 2.0}
     assert calibrated.time_s == pytest.approx(sum(scale[k] * v for k, v in feats.items()), rel=1e-9)
     assert calibrated.peak_memory_bytes == plan.peak_memory_bytes
+
+
+@pytest.mark.parametrize("setup", [dict(tp=2, dp=4, zero=3), dict(tp=1, dp=8, microbatches=2, zero=1),
+                                   dict(tp=2, pp=2, dp=2, microbatches=4)])
+def test_an_overlap_prices_plans_as_the_fit_counts_them(tmp_path, setup):
+    """With ``grad_comm_overlap`` the cost model prices only the parameter traffic past that
+    share of each operator's compute: the plan's time is the fit's features with its gradient
+    traffic replaced by ``grad_comm_exposed`` at that overlap, and the overlap hides some."""
+    case = Case("small", "test", "gpt3-175b", SMALL, 16, "2x4xA100-80GB", setup, 1.0, None)
+    plan = price(case)
+    feats = time_features(plan, "A100-80GB")
+    exposed = grad_comm_exposed(plan)
+    assert exposed[0] == pytest.approx(feats["grad_comm"], rel=1e-9)
+    k = OVERLAP_GRID.index(0.5)
+    assert 0 <= exposed[-1] <= exposed[k] < exposed[0]
+    path = tmp_path / "terms.json"
+    CostTerms(grad_comm_scale=2.0, grad_comm_overlap=0.5).save(path)
+    calibrated = price(case, calibration=str(path))
+    assert calibrated.time_s == pytest.approx(sum(feats.values()) - feats["grad_comm"] + 2.0 * exposed[k], rel=1e-9)
+    assert calibrated.peak_memory_bytes == plan.peak_memory_bytes
+    with pytest.raises(ValueError, match="grad_comm_overlap"):
+        CostTerms(grad_comm_overlap=-0.1)
 
 
 def test_published_report_holds_its_targets_as_stated():

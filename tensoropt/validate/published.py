@@ -21,7 +21,8 @@ from pathlib import Path
 from ..compute import MATMUL_FAMILIES
 from ..execution import syncs_gradients_once
 
-__all__ = ["Case", "cases", "price", "frontier_of", "time_features", "TIME_TERMS", "load_rows", "DATA_DIR"]
+__all__ = ["Case", "cases", "price", "frontier_of", "time_features", "grad_comm_exposed", "TIME_TERMS", "OVERLAP_GRID", "load_rows",
+           "DATA_DIR"]
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "published"
 FILES = ("megatron_sc21.jsonl", "korthikanti22.jsonl", "megatron_h100_2024.jsonl", "torchtitan_h100.jsonl")
@@ -29,6 +30,9 @@ FILES = ("megatron_sc21.jsonl", "korthikanti22.jsonl", "megatron_h100_2024.jsonl
 #: the parts of an iteration's predicted time the GPU-side terms scale: matrix-unit compute
 #: (per device generation), other compute, tensor-parallel re-layouts, gradient reductions
 #: and ZeRO gathers, and pipeline sends
+#: the overlaps (``CostTerms.grad_comm_overlap``) the fit tries: the share of an operator's own
+#: compute behind which its parameter collectives hide
+OVERLAP_GRID = tuple(k / 10 for k in range(11))
 TIME_TERMS = ("matmul_a100", "matmul_h100", "other_compute", "relayout", "grad_comm", "p2p")
 
 
@@ -242,4 +246,13 @@ def time_features(plan, device: str) -> dict[str, float]:
     f["grad_comm"] = comm_times * sum(o.comm_s for o in ops)
     f["p2p"] = p2p
     return f
+
+
+def grad_comm_exposed(plan) -> list[float]:
+    """Per overlap of :data:`OVERLAP_GRID`, the plan's gradient traffic (``time_features``'
+    ``grad_comm``, its first entry) left once each operator's collectives hide behind that
+    share of its own compute, as ``CostTerms.grad_comm_overlap`` prices it."""
+    ops = max(plan.stages, key=lambda s: s.time_s).ops if plan.stages else plan.ops
+    comm_times = 1 if plan.stages or syncs_gradients_once(plan.zero_stage or 0) else plan.microbatches
+    return [comm_times * sum(max(0.0, o.comm_s - w * o.compute_s) for o in ops) for w in OVERLAP_GRID]
 
