@@ -50,7 +50,7 @@ from .references import reference_plans
 from .scaling import ScalingFrontier, device_counts, parse_scaling
 from .search_jobs import run_jobs
 from .search_pool import can_fork, fork_map
-from .search_options import MEMORY_ADVICE, WORKERS_ADVICE, Deadline, SearchOptions
+from .search_options import MEMORY_ADVICE, Deadline, SearchOptions
 from .setups import Setup, setup_plan
 from .space import SearchSpace
 from .training import TrainingConfig
@@ -208,8 +208,8 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
 
     # micro-batch counts of gradient accumulation that divide the batch (the model is captured at each)
     counts = accumulation_counts(graph.batch_size, options.accumulate) if recapture is not None else []
-    advice = MEMORY_ADVICE + (" " + WORKERS_ADVICE if options.worker_count() > 1 else "")
-    with memory_cap(options.memory_cap_bytes(), advice):
+    # (workers need no advice: where they pass the cap together, they run fewer at once)
+    with memory_cap(options.memory_cap_bytes(), MEMORY_ADVICE):
         problems, candidates, job_stats = _solve_jobs(ctx, recapture, cluster, space, cost_for, options, counts,
                                                       deadline)
     # one frontier over the step's peak: each candidate's, as its plan will state it

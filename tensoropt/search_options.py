@@ -12,14 +12,12 @@ from .engine import SolveTimeout, memguard
 from .engine.memguard import SearchCrowdedOut, SearchMemoryExceeded
 from .units import parse_bytes
 
-__all__ = ["SearchOptions", "Deadline", "MEMORY_FRACTION", "MEMORY_ADVICE", "WORKERS_ADVICE"]
+__all__ = ["SearchOptions", "Deadline", "MEMORY_FRACTION", "MEMORY_ADVICE"]
 
 # the share of the machine's available memory a search may take by default
 MEMORY_FRACTION = 0.8
 MEMORY_ADVICE = ("Search fewer meshes (max_mesh_dims), pass epsilon > 0 or coarse=True, "
                  "or raise memory_limit if the machine has room.")
-# where several workers solve at once, their memory adds up
-WORKERS_ADVICE = "Fewer workers (workers=1 solves one job at a time) may also fit."
 
 
 @dataclass(frozen=True)
