@@ -69,16 +69,26 @@ def test_jobs_of_one_chain_stay_together_in_order():
     assert groups_of(jobs, [4, 2, 1, 0, 3]) == [[4], [2, 0], [1], [3]]
 
 
+def _wait_for(counter, n: int) -> None:
+    end = time.monotonic() + 20
+    while counter.value < n and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def _hold(arrived, parties: int, nbytes: int, limit, ceiling):
+    """Holds ``nbytes``; the first runs of ``parties`` jobs check the cap while all of them
+    hold their blocks: each writes its growth at a check, so all check once, then again."""
     block = np.ones(nbytes // 8)          # touched: resident
     with arrived.get_lock():
         arrived.value += 1
-    end = time.monotonic() + 20
-    while arrived.value < parties and time.monotonic() < end:
-        time.sleep(0.01)                   # the first runs: until every job holds its block
-    for _ in range(50):                    # a worker's growth is seen by the others at its checks
+    _wait_for(arrived, parties)
+    try:
         memguard.check()
-        time.sleep(0.01)
+    finally:
+        with arrived.get_lock():
+            arrived.value += 1
+    _wait_for(arrived, 2 * parties)
+    memguard.check()
     return [Candidate(1.0, float(block[0]), 1.0, partial(_plan, Problem("held"), 0))]
 
 
