@@ -63,6 +63,23 @@ def test_graph_at_another_batch_equals_a_fresh_capture(name):
     assert half.batch_size == b // 2 and quarter.batch_size == b // 4
 
 
+def test_a_capture_at_batch_one_leaves_interpolation_to_the_next(monkeypatch):
+    """Pipelines ask for micro-batches of one first as often as not: that capture cannot fit
+    the interpolation, so the next capture at another batch is the one that does, and the
+    batches after it are interpolated, not exported again."""
+    graph, _, recapture = capture_model("gpt-tiny")
+    b = graph.batch_size
+    exported = []
+    real = recapture.capture_at
+    monkeypatch.setattr(recapture, "capture_at", lambda n: exported.append(n) or real(n))
+    recapture(1)
+    assert recapture.at is None
+    recapture(b // 2)
+    assert recapture.at is not None
+    quarter = recapture(b // 4)
+    assert exported == [1, b // 2] and quarter == real(b // 4)
+
+
 def test_interpolation_refuses_graphs_that_differ_beyond_the_batch():
     tiny, _, _ = capture_model("gpt-tiny")
     llama, _, _ = capture_model("llama-tiny")

@@ -33,7 +33,9 @@ class Recapture:
             g = self.at(b) if self.at is not None else None
             if g is None:
                 g = self.capture_at(b)
-                if not self.tried:
+                # a batch of one is captured differently (views drop unit dims): the first
+                # capture at another batch is the one that can fit the interpolation
+                if not self.tried and b >= 2:
                     from .rebatch import interpolator
 
                     self.tried = True
