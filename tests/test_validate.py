@@ -224,6 +224,27 @@ def test_worker_end_to_end_world2(tmp_path):
         json.dumps(r)
 
 
+def test_gradients_kept_across_steps_are_still_reduced_per_bucket():
+    """Under ``zero_grad(set_to_none=False)`` a DTensor plan's gradients stay allocated, already
+    reduced; adding the next step's partial sums to them made DTensor all-reduce each
+    parameter on its own (37 calls for the validation GPT's data-parallel plan, where the cost
+    model prices one per bucket). The runner holds those sums out and reduces them per bucket:
+    the step the worker counts (after a warm-up step) issues a few calls, not one a parameter."""
+    from tensoropt.launch import run_torchrun
+    from tensoropt.plan import Plan
+    from tensoropt.validate.cases import make_model
+
+    path = os.path.join(ROOT, "data", "validation", "plans", "gpt_w2_0.json")
+    plan = Plan.load(path)
+    n_params = sum(1 for _ in make_model("gpt", "meta").parameters())
+    res = run_torchrun(os.path.join(ROOT, "tensoropt", "validate", "worker.py"),
+                       ["--model", "gpt", "--plans", path, "--steps", "2", "--warmup", "1"], nproc=2, timeout=240)
+    assert res.ok, res.summary()
+    (r,) = res.results
+    assert r["ok"] and r["mode"] == "dtensor" and r["plan"] == plan.summary and plan.zero_stage == 0, r
+    assert n_params > 20 and r["collectives"]["all_reduce"]["count"] <= 6, (n_params, r["collectives"])
+
+
 def test_validate_script_analysis_on_synthetic_pairs():
     """scripts/validate.py's fit/evaluate/ablation on pairs generated from known terms."""
     import importlib.util

@@ -30,6 +30,7 @@ input shapes, so node names agree), not the model's eager code. Whatever the eag
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,6 +138,9 @@ class ProgramRunner:
         self.bucket_of: dict[int, tuple] = {}
         self.bucket_sizes: dict[tuple, int] = {}
         self.pending: dict[tuple, dict[int, torch.Tensor]] = {}
+        # gradients kept from the step before that hold partial sums under their reduced
+        # placements until their bucket is reduced (``_take_partial``)
+        self.unreduced: set[int] = set()
         self.replaying: set[str] | None = None     # in a recomputed forward: values it must not write
         nodes = [n for n in program.graph.nodes if n.op not in ("placeholder", "output")] if nodes is None else nodes
         out = next(n for n in program.graph.nodes if n.op == "output")
@@ -188,14 +192,33 @@ class ProgramRunner:
 
     # ---------------------------------------------------------------- setup
 
+    def _take_partial(self, p: DTensor, grad: torch.Tensor):
+        """Before a bucketed parameter's gradient is accumulated into one kept from the step
+        before (``zero_grad(set_to_none=False)``: reduced, and zero), DTensor would all-reduce
+        the new partial sums on their own to add them (its rule for Replicate + Partial), one
+        call per parameter. Where the kept gradient is zero, they are added as they are and
+        reduced with their bucket (:meth:`_reduce_partial_grad`), as are later micro-batches'
+        sums while gradient sync is deferred; one that holds reduced values (gradients summed
+        over several backward calls) is left to DTensor."""
+        g = p.grad
+        bucket = self.bucket_of.get(id(p))
+        if (bucket is None or not isinstance(g, DTensor) or not isinstance(grad, DTensor)
+                or tuple(g.placements) != tuple(p.placements)
+                or tuple(grad.placements) != tuple(_grad_placements(p.placements, bucket[1]))
+                or (id(p) not in self.unreduced and bool(g.to_local().any()))):
+            return None
+        self.unreduced.add(id(p))    # (already there: an earlier micro-batch's sums, not reduced yet)
+        return DTensor.from_local(grad.to_local(), p.device_mesh, g.placements, run_check=False)
+
     def _reduce_partial_grad(self, p: torch.Tensor) -> None:
         if self.defer_grad_sync:
             return
         g = p.grad
-        if not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
-            return
         bucket = self.bucket_of.get(id(p))
-        if bucket is None or tuple(g.placements) != tuple(_grad_placements(p.placements, bucket[1])):
+        unreduced = id(p) in self.unreduced
+        if not unreduced and not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
+            return
+        if not unreduced and (bucket is None or tuple(g.placements) != tuple(_grad_placements(p.placements, bucket[1]))):
             p.grad = g.redistribute(p.device_mesh, p.placements)
             return
         if not self.pending:
@@ -238,6 +261,7 @@ class ProgramRunner:
             at += t.numel()
             views.append(view)
             p.grad = None
+            self.unreduced.discard(id(p))
         for a, partial in enumerate(bucket[1]):
             if partial:
                 dist.all_reduce(flat, group=self.mesh.get_group(a))
@@ -269,6 +293,7 @@ class ProgramRunner:
             new = nn.Parameter(distribute_tensor(p.data, mesh, [to_placement(x) for x in pls]),
                                requires_grad=p.requires_grad)
             new.register_post_accumulate_grad_hook(self._reduce_partial_grad)
+            new.register_hook(functools.partial(self._take_partial, new))
             for a in aliases:
                 mod_name, _, leaf = a.rpartition(".")
                 setattr(model.get_submodule(mod_name) if mod_name else model, leaf, new)
