@@ -199,10 +199,11 @@ class ProgramRunner:
         call per parameter. Where the kept gradient is zero, they are added as they are and
         reduced with their bucket (:meth:`_reduce_partial_grad`), as are later micro-batches'
         sums while gradient sync is deferred; one that holds reduced values (gradients summed
-        over several backward calls) is left to DTensor."""
+        over several backward calls) is left to DTensor. So is every one on a GPU: telling
+        zeros there would wait for the device once per parameter."""
         g = p.grad
         bucket = self.bucket_of.get(id(p))
-        if (bucket is None or not isinstance(g, DTensor) or not isinstance(grad, DTensor)
+        if (bucket is None or not isinstance(g, DTensor) or not isinstance(grad, DTensor) or g.device.type != "cpu"
                 or tuple(g.placements) != tuple(p.placements)
                 or tuple(grad.placements) != tuple(_grad_placements(p.placements, bucket[1]))
                 or (id(p) not in self.unreduced and bool(g.to_local().any()))):
@@ -216,11 +217,12 @@ class ProgramRunner:
         g = p.grad
         bucket = self.bucket_of.get(id(p))
         unreduced = id(p) in self.unreduced
-        if not unreduced and not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
-            return
-        if not unreduced and (bucket is None or tuple(g.placements) != tuple(_grad_placements(p.placements, bucket[1]))):
-            p.grad = g.redistribute(p.device_mesh, p.placements)
-            return
+        if not unreduced:
+            if not (isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements):
+                return
+            if bucket is None or tuple(g.placements) != tuple(_grad_placements(p.placements, bucket[1])):
+                p.grad = g.redistribute(p.device_mesh, p.placements)
+                return
         if not self.pending:
             torch.autograd.Variable._execution_engine.queue_callback(self._flush_buckets)
         waiting = self.pending.setdefault(bucket, {})
