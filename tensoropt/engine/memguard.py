@@ -14,6 +14,7 @@ with fewer beside it, so that running jobs side by side never changes what a sea
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 
@@ -96,15 +97,23 @@ def share_cap(growth, slot: int, parent_bytes: float, peak=None, running=None) -
     _crowded = None if running is None else (lambda: running.value > 1)
 
 
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim``, loaded once (None off glibc)."""
+    try:
+        import ctypes
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def release() -> None:
     """Hand memory the process freed back to the system (glibc's ``malloc_trim``: freed heap
     pages otherwise stay resident and count against the cap while a worker waits for its next
     job), and count this worker's growth again."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
     if _held is not None:
         _held()
 
