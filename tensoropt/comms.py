@@ -10,7 +10,7 @@ the same rules (``tensoropt.traffic``) through the cost model.
 plan, which differs from what the cost model prices in four ways:
 
 * parameter collectives go out one call per group and kind where the apply layer groups
-  them (FSDP2's groups; without ZeRO, the DTensor runner's gradient buckets), where the cost
+  them (FSDP2's groups; the DTensor runner's gradient buckets and its ZeRO units), where the cost
   model gives each parameter its share of that call's fixed costs
   (``execution.latency_shares``, ``execution.groups_parameter_collectives``);
 * consumers of one tensor that want it in one layout share one move (the cost model prices
@@ -37,7 +37,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
-from .execution import gradient_group, latency_shares, syncs_gradients_once
+from .execution import gradient_group, latency_shares, runner_groups, syncs_gradients_once
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
@@ -125,23 +125,20 @@ def issued_collectives(plan: Plan, graph: OpGraph, apply_mode: str) -> list[Coll
 def _bucketed(plan: Plan, graph: OpGraph, cfgs, training: TrainingConfig, apply_mode: str) -> list[Collective]:
     """The operators' own collectives as the apply layer issues them: parameter collectives go
     out one call per group (``execution.gradient_group``), axes the gradient is partial over,
-    kind, axis and phase -- FSDP2's groups, and without ZeRO the DTensor runner's gradient
-    buckets (under ZeRO it moves each sharded parameter on its own)."""
+    kind, axis and phase -- FSDP2's groups, and the DTensor runner's gradient buckets and
+    ZeRO units (``execution.runner_groups``)."""
     shape = tuple(plan.mesh_shape)
     shares = latency_shares(graph)
-    # FSDP2 issues every group's at once; the DTensor runner buckets gradients without ZeRO
-    grouped = apply_mode == "replicate" or not plan.zero_stage
+    zero = plan.zero_stage or 0
     out: list[Collective] = []
     merged: dict[tuple, int] = {}
     for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
-        colls = operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0, shares)
-        if not grouped:
-            out += colls
-            continue
+        colls = operator_collectives(op, cfg, shape, training, owns, zero, shares)
         group = gradient_group(graph, op)
         partial = {pname: grad_partial(cfg, t) for t, pname in zip(op.terms[0], op.param_names) if pname}
         for c in colls:
-            if not is_parameter_collective(c):
+            # FSDP2 issues every group's at once; the DTensor runner as the cost model says
+            if not is_parameter_collective(c) or not (apply_mode == "replicate" or runner_groups(zero)):
                 out.append(c)
                 continue
             kind, pname = c.where.split(" ", 1)

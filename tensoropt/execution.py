@@ -15,7 +15,7 @@ from .strategy import OpConfig, label_sizes
 
 __all__ = ["aten_base", "batch_statistics_axes", "batch_statistics_bytes", "data_axes", "runs_replicated",
            "apply_mode", "syncs_gradients_once", "model_parallel", "gradient_group", "latency_shares",
-           "groups_parameter_collectives"]
+           "groups_parameter_collectives", "runner_groups"]
 
 _BATCH_STAT_NORMS = ("batch_norm",)
 
@@ -47,11 +47,18 @@ def gradient_group(graph: OpGraph, op: Operator) -> str:
 
 def groups_parameter_collectives(cfg: OpConfig, mesh_shape: Sequence[int], zero_stage: int) -> bool:
     """Whether the apply layer issues an operator's parameter collectives with the rest of its
-    group (:func:`latency_shares`) rather than one call each: without ZeRO every gradient
-    all-reduce goes out in its group's bucket (FSDP2's groups; the DTensor runner's buckets);
-    under ZeRO only where the operator splits nothing but the batch (FSDP2, which runs such
-    plans), since the DTensor runner moves ZeRO's sharded parameters one by one."""
-    return zero_stage == 0 or not model_parallel(cfg, mesh_shape)
+    group (:func:`latency_shares`) rather than one call each: where the operator splits
+    nothing but the batch (FSDP2's groups, which run such plans), and where the DTensor
+    runner groups them (:func:`runner_groups`)."""
+    return runner_groups(zero_stage) or not model_parallel(cfg, mesh_shape)
+
+
+def runner_groups(zero_stage: int) -> bool:
+    """Whether the DTensor runner issues parameter collectives one call per group: without
+    ZeRO, gradient buckets; under ZeRO-1, gathers and reduce-scatters per group
+    (``apply.zero_groups``: the gradients are kept whole until then anyway); under ZeRO-2
+    and -3 one call per parameter."""
+    return zero_stage <= 1
 
 
 def latency_shares(graph: OpGraph) -> dict[str, float]:

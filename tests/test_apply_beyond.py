@@ -53,8 +53,10 @@ MEASURE_2 = ["gpt-big:zero2_rc_mp@last", "gpt-big:zero3_mp@last", "gpt-big:pp_rc
              "gpt-big:setup_pp2_rcop_mb4", "gpt-big:setup_tp2_mb2", "gpt-big:setup_dp2_mb2",
              "gpt-big:setup_dp2_zero1_mb2"]
 CASES_4 = ["gpt:zero3_mp@last", "mlp-big:setup_dp2_tp2_zero3", "gpt:zero3_rc_mp@last", "mlp:zero3_mp@last", "gpt:pp_mp@last", "gpt:pp",
-           "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp", "gpt:setup_dp2_tp2_mb2", "gpt:setup_dp2_tp2_zero1_mb2"]
-MEASURE_4 = ["gpt:zero3_mp@last", "mlp-big:setup_dp2_tp2_zero3", "gpt:setup_dp2_tp2_zero1_mb2"]
+           "gpt:setup_pp2_tp2_mb4", "gpt:setup_dp2_tp2_sp", "gpt:setup_dp2_tp2_mb2", "gpt:setup_dp2_tp2_zero1_mb2",
+           "mlp-big:setup_dp2_tp2_zero1_mb2"]
+MEASURE_4 = ["gpt:zero3_mp@last", "mlp-big:setup_dp2_tp2_zero3", "gpt:setup_dp2_tp2_zero1_mb2",
+             "mlp-big:setup_dp2_tp2_zero1_mb2"]
 # (case, world) whose measured peak must be within 10 % of Plan.peak_memory_bytes: resident
 # state + saved activations + the backward pass's rise
 # (gradients in flight, ZeRO-3 gathers with one prefetch, a recomputed layer rematerialised,
@@ -83,6 +85,9 @@ MEMORY_ABS = [("gpt-big:zero3_mp@last", 2), ("gpt:zero3_mp@last", 4), ("mlp-big:
               # ZeRO-1 accumulating: parameters gathered once per step beside their shards, whole
               # gradients until the last micro-batch's reduce-scatter (DTensor and FSDP2)
               ("gpt:setup_dp2_tp2_zero1_mb2", 4), ("gpt-big:setup_dp2_zero1_mb2", 2),
+              # ZeRO-1 on DTensor, one group (no repeated blocks): gathered together at the first
+              # use, reduce-scattered together after the last micro-batch (apply.zero_groups)
+              ("mlp-big:setup_dp2_tp2_zero1_mb2", 4),
               # Known gap, kept visible: under FSDP2 (replicate, and fully_shard with ZeRO-2:
               # +15 % measured) accumulation holds more than priced (measured 45.9 MB against
               # 40.3 MB predicted). strict: passing again must be noticed.
@@ -138,7 +143,8 @@ def test_cases_cover_zero_recompute_pipelines(results_2, results_4):
 
 
 ACCUMULATING = [("gpt-big:setup_tp2_mb2", 2), ("gpt-big:setup_dp2_mb2", 2), ("gpt-big:setup_dp2_zero2_mb2", 2),
-                ("gpt:setup_dp2_tp2_mb2", 4), ("gpt-big:setup_dp2_zero1_mb2", 2), ("gpt:setup_dp2_tp2_zero1_mb2", 4)]
+                ("gpt:setup_dp2_tp2_mb2", 4), ("gpt-big:setup_dp2_zero1_mb2", 2), ("gpt:setup_dp2_tp2_zero1_mb2", 4),
+                ("mlp-big:setup_dp2_tp2_zero1_mb2", 4)]
 
 
 @pytest.mark.parametrize("case,world", ACCUMULATING)
@@ -153,10 +159,32 @@ def test_accumulating_plans_issue_what_is_priced(results_2, results_4, case, wor
     assert set(pred) == set(meas), (pred, meas)
     for kind in pred:
         assert meas[kind]["bytes"] == pytest.approx(pred[kind]["bytes"], rel=0.05), (kind, pred, meas)
-    if res["mode"] == "replicate" or not res["zero_stage"]:
-        # and the calls: a batch-only operator's gradients go out one call per group (FSDP2's
-        # groups, the DTensor runner's buckets), as execution.latency_shares prices them
-        assert {k: v["count"] for k, v in meas.items()} == {k: v["count"] for k, v in pred.items()}
+    if res["mode"] == "replicate" or res["zero_stage"] <= 1:
+        # and the calls: parameters' collectives go out one call per group (FSDP2's groups, the
+        # DTensor runner's gradient buckets and ZeRO-1 units), as execution.latency_shares
+        # prices them
+        calls = {k: v["count"] for k, v in meas.items()}, {k: v["count"] for k, v in pred.items()}
+        kinds, why = KNOWN_CALL_MISMATCH.get((case, world), ((), ""))
+        for kind in set(calls[0]) - set(kinds):
+            assert calls[0][kind] == calls[1][kind], (kind, calls)
+        if kinds:
+            assert any(calls[0][k] != calls[1][k] for k in kinds), "agrees now: drop it from KNOWN_CALL_MISMATCH"
+            pytest.xfail(why)
+
+
+# Where the calls differ from comms.issued_collectives, and why
+KNOWN_CALL_MISMATCH = {
+    ("gpt:setup_dp2_tp2_zero1_mb2", 4): (("all_gather", "reduce_scatter", "all_reduce"),
+        "the position table reaches its operator through a slice: DTensor gathers the sliced "
+        "ZeRO-1 parameter (and reduces its gradient) on its own, per micro-batch, not with its "
+        "group (4 all-gathers, 2 reduce-scatters more); and the blocks' column-split biases, as "
+        "below (2 all-reduces); bytes agree within 5 %"),
+    ("mlp-big:setup_dp2_tp2_zero1_mb2", 4): (("all_reduce",),
+        "a bias split along its only dimension by the later mesh axis cannot also take ZeRO's "
+        "shard on the earlier one (placement.zero_storage: DTensor nests shards in axis order), "
+        "so its gradient is all-reduced in a bucket where a reduce-scatter is priced (1 call, "
+        "3 KB more)"),
+}
 
 
 def _memory(results_2, results_4, case, world):

@@ -211,7 +211,7 @@ def test_a_groups_parameters_share_one_collectives_fixed_costs():
     """FSDP2 reduces a replicated plan's gradients one call per group (each repeated block, and
     the root): its parameters' shares of the fixed costs add up to one per group, so an
     all-data-parallel plan pays the ring's latency once per group and axis, not per parameter.
-    A model-parallel operator's collectives are issued one call each and pay in full."""
+    A model-parallel operator's ZeRO-2 and -3 collectives are issued one call each and pay in full."""
     graph = _graph("gpt-tiny")
     shares = latency_shares(graph)
     groups = {}
@@ -236,16 +236,17 @@ def test_a_groups_parameters_share_one_collectives_fixed_costs():
     bandwidth = sum(cm.collectives.time_s(c.kind, c.bytes, m, c.axis, 0.0) for c in grads)
     assert cm.price(grads, m) == pytest.approx(bandwidth + len(groups) * 2 * (p - 1) * alpha, rel=1e-9)
 
-    # without ZeRO the DTensor runner buckets every gradient by group too; under ZeRO it moves
-    # a model-parallel operator's sharded parameters one by one
-    for zero in (0, 2):
-        tp = tensoropt.plan_for("gpt-tiny", devices, dp=4, tp=2, zero=zero)
-        shape = tuple(tp.mesh_shape)
+    # without ZeRO the DTensor runner buckets every gradient by group too, and under ZeRO-1 it
+    # gathers and reduce-scatters a group's sharded parameters together; under ZeRO-2 and -3
+    # it moves a model-parallel operator's one by one
+    tp = tensoropt.plan_for("gpt-tiny", devices, dp=4, tp=2)
+    shape = tuple(tp.mesh_shape)
+    for zero in (0, 1, 2, 3):
         sharded = 0
         for op, c in zip(tp.ops, graph.operators):
             cfg = OpConfig.parse(op.config)
-            mine = operator_collectives(c, cfg, shape, TrainingConfig.of_plan(tp.training), True, tp.zero_stage, shares)
+            mine = operator_collectives(c, cfg, shape, TrainingConfig.of_plan(tp.training), True, zero, shares)
             if model_parallel(cfg, shape) and mine:
                 sharded += 1
-                assert all((x.latency_share == 1.0) == bool(zero) for x in mine), (zero, op.name)
+                assert all((x.latency_share == 1.0) == (zero >= 2) for x in mine), (zero, op.name)
         assert sharded

@@ -50,6 +50,7 @@ from .. import placement as planned
 from ..execution import gradient_group
 from .batch_norm import sync_batch_norm
 from .checkpointing import checkpoint_context
+from . import zero_groups
 
 __all__ = ["ProgramRunner", "to_placement", "Step", "is_skipped"]
 
@@ -133,6 +134,14 @@ class ProgramRunner:
         # until the last one's backward (``execution.syncs_gradients_once``), then are reduced once
         self.defer_grad_sync = False
         self.held: dict[tuple, torch.Tensor] = {}   # ZeRO-1: parameters gathered for the step (``_held``)
+        # ZeRO-1: a parameter's use (name, layout, partial axes) -> the unit of uses gathered
+        # together (gradient group, partial axes, dtype: as the gradient buckets), and each
+        # unit's uses, ZeRO dims per use, and its uses whose gradients wait for the rest
+        self.unit_of: dict[tuple, tuple] = {}
+        self.units: dict[tuple, list[tuple]] = {}
+        self.unit_dims: dict[tuple, list[dict[int, int]]] = {}
+        self.held_pending: dict[tuple, dict[tuple, torch.Tensor]] = {}
+        self.zero_params: dict[str, nn.Parameter] = {}
         # gradients reduced per bucket (``_buckets``): parameter id -> bucket, bucket -> size,
         # and the parameters whose gradients wait for the rest of their bucket
         self.bucket_of: dict[int, tuple] = {}
@@ -301,10 +310,43 @@ class ProgramRunner:
                 setattr(model.get_submodule(mod_name) if mod_name else model, leaf, new)
             if owner in self.zero_axes:
                 self.params_by_id[id(new)] = owner
+                self.zero_params[owner] = new
             out[aliases[0]] = new
         installed = {id(q) for q in out.values()}
         self._buckets({n: q for n, q in model.named_parameters(remove_duplicate=False) if id(q) in installed})
+        if self.zero == 1:
+            self._zero_units(self.steps)
         return out
+
+    def _zero_units(self, steps: list[Step]) -> None:
+        """ZeRO-1: the uses of its sharded parameters gathered together (``zero_groups``), per
+        gradient group. A use joins its unit where the operator takes the parameter itself (not
+        a view of it), in the stored layout with ZeRO's axes replicated, its gradient partial
+        on exactly those axes; others are moved on their own (``_held``)."""
+        graph = self.layout.graph
+        for st in steps:
+            if st.kind == "segment":
+                self._zero_units(st.steps)
+            if st.kind != "op":
+                continue
+            o = st.op
+            for j, pname in enumerate(o.param_names):
+                param = self.zero_params.get(pname)
+                if param is None or self.by_name[o.operand_nodes[j]].op != "placeholder":
+                    continue        # (used through a view: moved on its own, as the view)
+                axes, stored, want = self.zero_axes[pname], self.storage[pname], o.want[j]
+                partial_axes = tuple(a for a, q in enumerate(o.grad_partial[j]) if q)
+                if partial_axes != axes or any(
+                        (want[a] != stored[a]) if a not in axes else not isinstance(want[a], planned.Replicate)
+                        for a in range(len(want))):
+                    continue
+                use = (pname, want, o.grad_partial[j])
+                unit = (gradient_group(graph, graph.operators[o.index]), o.grad_partial[j], param.dtype)
+                if use in self.unit_of:
+                    continue
+                self.unit_of[use] = unit
+                self.units.setdefault(unit, []).append(use)
+                self.unit_dims.setdefault(unit, []).append({a: stored[a].dim for a in axes})
 
     def _zero_storage(self) -> None:
         """ZeRO on the axes where a parameter is replicated while its operator splits another
@@ -460,7 +502,9 @@ class ProgramRunner:
             return src
         zero_param = self.params_by_id.get(id(src)) if self.zero else None
         if zero_param is not None and self.zero == 1 and torch.is_grad_enabled():
-            local = self._held(zero_param, o.want[j], o.grad_partial[j], src)
+            use = (zero_param, o.want[j], o.grad_partial[j])
+            unit = self.unit_of.get(use)
+            local = self._unit_use(unit, use) if unit else self._held(*use, src)
             if local.requires_grad:
                 local = _OwnGrad.apply(local)
             return self._fix_operand(o, j, local)
@@ -518,6 +562,56 @@ class ProgramRunner:
         param.grad = g if param.grad is None else param.grad + g
         leaf.grad = None
         del self.held[key]                     # the next step gathers the updated parameter
+
+    def _unit_use(self, unit: tuple, use: tuple) -> torch.Tensor:
+        """ZeRO-1: a use of a sharded parameter, its whole unit (``_zero_units``) gathered at the
+        step's first use of any of them, as leaves whose gradients add up over the step's
+        micro-batches and are reduce-scattered together once every one has its own
+        (``_reduce_unit``) -- which they are kept whole until anyway."""
+        if use not in self.held:
+            uses, dims = self.units[unit], self.unit_dims[unit]
+            params = [self.zero_params[u[0]] for u in uses]
+            with torch.no_grad():
+                full = zero_groups.gather([p.to_local() for p in params], dims, self.mesh)
+            for u, p, leaf in zip(uses, params, full):
+                if p.requires_grad:
+                    leaf.requires_grad_()
+                    leaf.register_post_accumulate_grad_hook(lambda t, unit=unit, u=u: self._reduce_unit(unit, u, t))
+                self.held[u] = leaf
+        return self.held[use]
+
+    def _reduce_unit(self, unit: tuple, use: tuple, leaf: torch.Tensor) -> None:
+        if self.defer_grad_sync:
+            return
+        if not self.held_pending:
+            torch.autograd.Variable._execution_engine.queue_callback(self._flush_units)
+        waiting = self.held_pending.setdefault(unit, {})
+        waiting[use] = leaf
+        if len(waiting) == len(self.units[unit]):
+            self._flush_unit(unit)
+
+    def _flush_unit(self, unit: tuple) -> None:
+        """ZeRO-1: the unit's gradients reduce-scattered into their stored shards' gradients,
+        and its gathered parameters let go (the next step gathers the updated ones)."""
+        waiting = self.held_pending.pop(unit)
+        uses = [u for u in self.units[unit] if u in waiting]
+        dims = [d for u, d in zip(self.units[unit], self.unit_dims[unit]) if u in waiting]
+        grads = [waiting[u].grad for u in uses]
+        for u in uses:
+            waiting[u].grad = None
+        with torch.no_grad():
+            shards = zero_groups.reduce_scatter(grads, dims, self.mesh)
+            for u, shard in zip(uses, shards):
+                param = self.zero_params[u[0]]
+                g = DTensor.from_local(shard, self.mesh, param.placements, run_check=False)
+                param.grad = g if param.grad is None else param.grad + g
+        for u in self.units[unit]:
+            self.held.pop(u, None)
+
+    def _flush_units(self) -> None:
+        """At the end of a backward: the units some of whose uses got no gradient."""
+        for unit in list(self.held_pending):
+            self._flush_unit(unit)
 
     def _op(self, st: Step, env: dict[str, Any]) -> None:
         o = st.op
