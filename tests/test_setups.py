@@ -178,8 +178,8 @@ def test_full_recomputation_needs_repeated_blocks():
 def test_zero1_reduces_once_per_step(degrees):
     """ZeRO-1 reduce-scatters gradients and gathers parameters once per step: with one
     micro-batch that is ZeRO-2, which it runs and is priced as; accumulating micro-batches,
-    its parameter traffic is paid once, not per micro-batch as under ZeRO-2, and it holds the
-    step's whole gradients."""
+    its parameter traffic is paid once, not per micro-batch as under ZeRO-2 (and with tensor
+    parallelism, once per group), and it holds the step's whole gradients."""
     devices = "4xA100-80GB"
     one = plan_for("gpt-tiny", devices, zero=1, **degrees)
     two = plan_for("gpt-tiny", devices, zero=2, **degrees)
@@ -188,5 +188,10 @@ def test_zero1_reduces_once_per_step(degrees):
     one = plan_for("gpt-tiny", devices, zero=1, microbatches=2, **degrees)
     two = plan_for("gpt-tiny", devices, zero=2, microbatches=2, **degrees)
     assert one.zero_stage == 1 and two.zero_stage == 2
-    assert one.breakdown["comm_s"] == pytest.approx(two.breakdown["comm_s"] / 2)
+    if "tp" not in degrees:
+        assert one.breakdown["comm_s"] == pytest.approx(two.breakdown["comm_s"] / 2)
+    else:
+        # and on model-parallel operators ZeRO-1's collectives go out per group (the DTensor
+        # runner's apply.zero_groups), ZeRO-2's one call per parameter
+        assert one.breakdown["comm_s"] < 0.99 * two.breakdown["comm_s"] / 2
     assert one.peak_memory_bytes > two.peak_memory_bytes
