@@ -23,8 +23,10 @@ input shapes, so node names agree), not the model's eager code. Whatever the eag
 * a recomputed module's nodes run under non-reentrant ``torch.utils.checkpoint`` (their
   re-layouts are issued again in backward);
 * ZeRO on model-parallel plans: a parameter is stored sharded over the axes where its
-  gradient is a partial sum and gathered at each use; stage 3 also drops the gathered copy
-  after forward and gathers it again when backward needs it.
+  gradient is a partial sum and gathered at each use; stage 1 gathers a group's parameters
+  together once per step and reduce-scatters their gradients together (``zero_groups``);
+  stage 3 also drops the gathered copy after forward and gathers it again when backward
+  needs it.
 """
 
 from __future__ import annotations
