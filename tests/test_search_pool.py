@@ -109,46 +109,56 @@ def _holding_jobs(nbytes: int, n: int = 2, together: int = 2):
                        for i in range(n)]
 
 
-def _crowded_out_run() -> tuple[bool, dict, float]:
-    """Two jobs holding 200 MB each under a cap 250 MB above the parent, on two workers: whether
-    they return what one process returns, the pool's stats and the cap."""
+def _cap_scenarios() -> dict:
+    """Jobs holding memory under caps set just before the pool forks: two jobs of 200 MB each
+    under a cap 250 MB above the parent, on two workers (whether they return what one process
+    returns, the pool's stats and the cap); one job of 300 MB under a cap 200 MB above (the
+    error it stops with); two jobs of 150 MB under a cap 400 MB above (the pool's stats)."""
     serial, _ = run_jobs(_holding_jobs(200 * 2**20, together=1), Deadline(None, "test"), prune=False)
     gc.collect()
     cap = memguard.resident_bytes() + 250 * 2**20
     with memguard.memory_cap(cap, "lower it"):
         out, stats = run_jobs(_holding_jobs(200 * 2**20), Deadline(None, "test"), prune=False, workers=2)
     same = [(c.time_s, c.peak_bytes, c.build()) for c in out] == [(c.time_s, c.peak_bytes, c.build()) for c in serial]
-    return same, stats, cap
+    gc.collect()
+    error = None
+    with memguard.memory_cap(memguard.resident_bytes() + 200 * 2**20, "lower it"):
+        try:
+            run_jobs(_holding_jobs(300 * 2**20, n=1, together=1), Deadline(None, "test"), prune=False, workers=2)
+        except SearchMemoryExceeded as err:
+            error = str(err)
+    gc.collect()
+    with memguard.memory_cap(memguard.resident_bytes() + 400 * 2**20, "lower it"):
+        side, side_stats = run_jobs(_holding_jobs(150 * 2**20), Deadline(None, "test"), prune=False, workers=2)
+    return {"same": same, "stats": stats, "cap": cap, "error": error, "side": len(side), "side_stats": side_stats}
 
 
 def test_one_memory_cap_holds_over_every_worker():
     """Two workers each growing by 200 MB pass a cap 250 MB above the parent together, though
     either alone is within it: they are crowded out and run again one at a time, and the
     search finds what one process finds. A job too large for the cap alone still ends the
-    search with the cap's error. (The first part runs in a fresh interpreter: a test process
-    that has run others holds and frees memory on its own, which moves the cap's margin.)"""
+    search with the cap's error. (Run in a fresh interpreter: a test process that has run
+    others holds and frees memory on its own, which moves a cap's margin.)"""
     import json
     import subprocess
     import sys
 
     code = ("import json, sys; sys.path[:0] = sys.argv[1:]; import test_search_pool as t; "
-            "print(json.dumps(t._crowded_out_run()))")
+            "print(json.dumps(t._cap_scenarios()))")
     run = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__), os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))], capture_output=True, text=True, timeout=120)
+        os.path.abspath(__file__)))], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
-    same, stats, cap = json.loads(run.stdout.strip().splitlines()[-1])
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    stats, cap = res["stats"], res["cap"]
     assert stats["crowded_out"] >= 1 and stats["concurrency"] == 1, (stats, cap)
-    assert same
+    assert res["same"]
     assert stats["peak_resident_bytes"] > cap                 # the cap was passed, and seen
-    with memguard.memory_cap(memguard.resident_bytes() + 200 * 2**20, "lower it"):
-        with pytest.raises(SearchMemoryExceeded, match="past its memory cap") as err:
-            run_jobs(_holding_jobs(300 * 2**20, n=1, together=1), Deadline(None, "test"), prune=False, workers=2)
-    assert "while solving hold" in str(err.value) and "lower it" in str(err.value)
+    assert res["error"] is not None, "a job too large for the cap alone did not stop the search"
+    assert "past its memory cap" in res["error"] and "while solving hold" in res["error"]
+    assert "lower it" in res["error"]
     # within a cap 400 MB above the parent they run side by side: pages a worker shares with the
     # parent (a few hundred MB here) are not counted again
-    with memguard.memory_cap(memguard.resident_bytes() + 400 * 2**20, "lower it"):
-        out, stats = run_jobs(_holding_jobs(150 * 2**20), Deadline(None, "test"), prune=False, workers=2)
-    assert len(out) == 3 and stats["crowded_out"] == 0 and stats["concurrency"] == 2
+    assert res["side"] == 3 and res["side_stats"]["crowded_out"] == 0 and res["side_stats"]["concurrency"] == 2
 
 
 def _hold_for_build(arrived, together: int, nbytes: int, k: int):
