@@ -137,11 +137,11 @@ class ProgramRunner:
         self.defer_grad_sync = False
         self.held: dict[tuple, torch.Tensor] = {}   # ZeRO-1: parameters gathered for the step (``_held``)
         # ZeRO-1: a parameter's use (name, layout, partial axes) -> the unit of uses gathered
-        # together (gradient group, partial axes, dtype: as the gradient buckets), and each
-        # unit's uses, ZeRO dims per use, and its uses whose gradients wait for the rest
+        # together (gradient group, partial axes, dtype: as the gradient buckets); each unit's
+        # uses in order, with the dims ZeRO shards per mesh axis; its uses whose gradients
+        # wait for the rest
         self.unit_of: dict[tuple, tuple] = {}
-        self.units: dict[tuple, list[tuple]] = {}
-        self.unit_dims: dict[tuple, list[dict[int, int]]] = {}
+        self.units: dict[tuple, dict[tuple, dict[int, int]]] = {}
         self.held_pending: dict[tuple, dict[tuple, torch.Tensor]] = {}
         self.zero_params: dict[str, nn.Parameter] = {}
         # gradients reduced per bucket (``_buckets``): parameter id -> bucket, bucket -> size,
@@ -347,8 +347,7 @@ class ProgramRunner:
                 if use in self.unit_of:
                     continue
                 self.unit_of[use] = unit
-                self.units.setdefault(unit, []).append(use)
-                self.unit_dims.setdefault(unit, []).append({a: stored[a].dim for a in axes})
+                self.units.setdefault(unit, {})[use] = {a: stored[a].dim for a in axes}
 
     def _zero_storage(self) -> None:
         """ZeRO on the axes where a parameter is replicated while its operator splits another
@@ -571,10 +570,10 @@ class ProgramRunner:
         micro-batches and are reduce-scattered together once every one has its own
         (``_reduce_unit``) -- which they are kept whole until anyway."""
         if use not in self.held:
-            uses, dims = self.units[unit], self.unit_dims[unit]
+            uses = list(self.units[unit])
             params = [self.zero_params[u[0]] for u in uses]
             with torch.no_grad():
-                full = zero_groups.gather([p.to_local() for p in params], dims, self.mesh)
+                full = zero_groups.gather([p.to_local() for p in params], list(self.units[unit].values()), self.mesh)
             for u, p, leaf in zip(uses, params, full):
                 if p.requires_grad:
                     leaf.requires_grad_()
@@ -597,7 +596,7 @@ class ProgramRunner:
         and its gathered parameters let go (the next step gathers the updated ones)."""
         waiting = self.held_pending.pop(unit)
         uses = [u for u in self.units[unit] if u in waiting]
-        dims = [d for u, d in zip(self.units[unit], self.unit_dims[unit]) if u in waiting]
+        dims = [self.units[unit][u] for u in uses]
         grads = [waiting[u].grad for u in uses]
         for u in uses:
             waiting[u].grad = None
