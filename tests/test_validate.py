@@ -291,15 +291,15 @@ def test_memory_fit_recovers_known_terms():
 def test_transformers_validation_models_capture_and_price():
     """The validation's transformers families (keyword inputs, loss inside the output) are
     captured with their repeated blocks, their plans' features re-price them, and one real
-    forward gives the loss the worker times."""
+    forward and backward gives the loss the worker times."""
     import torch
 
-    from tensoropt.validate.cases import capture_graph, make_inputs, make_model, select_plans, step_loss
+    from tensoropt.validate.cases import capture_graph, make_inputs, make_model, select_plans, forward_backward
 
     for key in ("hf-gpt2", "hf-llama"):
         graph = capture_graph(key)
         assert len(graph.blocks) == 2
-        loss = step_loss(make_model(key), make_inputs(key))
+        loss = forward_backward(make_model(key), make_inputs(key))
         assert loss.dim() == 0 and torch.isfinite(loss)
     cands = [c for c in select_plans("hf-llama", 2, None) if c.applicable]
     assert cands

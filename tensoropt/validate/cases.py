@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODELS", "make_model", "make_inputs", "step_loss", "capture_graph", "apply_mode", "plan_key", "select_plans", "CandidatePlan"]
+__all__ = ["MODELS", "make_model", "make_inputs", "forward_backward", "capture_graph", "apply_mode", "plan_key", "select_plans", "CandidatePlan"]
 
 MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
     "mlp": ("mlp-tiny", {"widths": (512, 1024, 1024, 512)}, 256),
@@ -63,12 +63,18 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
     return tuple(example_inputs(name, batch, device=device, **ov))
 
 
-def step_loss(model, inputs):
-    """The loss of one forward: positional inputs return it, keyword inputs (transformers)
-    return an output that holds it."""
-    from ..capture.inputs import loss_of
+def forward_backward(model, inputs):
+    """One forward and backward of ``inputs`` (keyword inputs for a dict, else positional), run
+    as ``tensoropt.train_step`` runs it: what the forward returns beside the loss (a language
+    model's logits) is held until the backward ends, as the cost model prices it. Keyword inputs
+    get what capture adds to them (``use_cache=False``: no key/value cache is built). Returns
+    the loss."""
+    from ..apply import train_step
+    from ..capture.inputs import training_kwargs
 
-    return loss_of(model(**inputs)) if isinstance(inputs, dict) else model(*inputs)
+    if isinstance(inputs, dict):
+        return train_step(model, **training_kwargs(model, inputs))
+    return train_step(model, *inputs)
 
 
 def apply_mode(key: str, plan, graph=None) -> str:

@@ -7,8 +7,9 @@ Run under torchrun (gloo on CPU, NCCL on GPU)::
 
 For every plan file: build the validation model (``cases.MODELS``; ``torch.manual_seed(0)``
 on every rank), ``tensoropt.parallelize(model, plan, graph=...)``, ``torch.optim.Adam``;
-``--warmup`` untimed steps, then ``--steps`` timed steps. A step is ``loss = model(*batch);
-loss.backward(); opt.step(); opt.zero_grad(set_to_none=False)`` on the full global batch
+``--warmup`` untimed steps, then ``--steps`` timed steps. A step is ``tensoropt.train_step(model,
+*batch)`` (the forward's outputs held through the backward), ``opt.step()``,
+``opt.zero_grad(set_to_none=False)`` on the full global batch
 (every rank passes it; the apply layer shards it). Before each timed step all ranks meet at a
 barrier; a step's time is the slowest rank's wall time (``perf_counter``), and the result is
 the median over steps with the quartiles and min/max as spread. The process CPU time of each
@@ -42,7 +43,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 from tensoropt.launch import finish_worker, run_each  # noqa: E402
-from tensoropt.validate.cases import capture_graph, make_inputs, make_model, step_loss  # noqa: E402
+from tensoropt.validate.cases import capture_graph, make_inputs, make_model, forward_backward  # noqa: E402
 
 LR = 1e-3
 
@@ -73,9 +74,7 @@ def measure_plan(key: str, plan_path: str, steps: int, warmup: int, graph) -> di
     opt = torch.optim.Adam(model.parameters(), lr=LR)
 
     def fwd_bwd():
-        loss = step_loss(model, inputs)
-        loss.backward()
-        return loss
+        return forward_backward(model, inputs)
 
     def step():
         loss = fwd_bwd()
