@@ -73,7 +73,9 @@ Blocks
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import warnings
 
 import torch
@@ -140,8 +142,36 @@ def _first_line(e: BaseException) -> str:
     return type(e).__name__
 
 
+@contextlib.contextmanager
+def _eager_attention_masks(kwargs: dict):
+    """transformers builds its attention masks as it does in eager mode. Traced, it cannot read
+    tensor values, so it keeps a mask it would drop: it takes the positions for packed
+    sequences and skips neither the causal nor the bidirectional mask, and then it repeats
+    grouped key/value heads instead of ``enable_gqa``. That saves other tensors for backward
+    than the training run does, and rules out the flash kernel. In eager mode, with no
+    ``position_ids`` given, the positions are a range, so no sequence is packed. With no
+    padding mask and equal query and key lengths, the mask is dropped for ``is_causal``. The
+    program is specialised to the example inputs' shapes, so the eager choice holds for it.
+    Positions or a padding mask the caller passes are still read as unknown."""
+    masking = sys.modules.get("transformers.masking_utils")
+    names = {"is_torchdynamo_exporting": lambda: False}
+    if kwargs.get("position_ids") is None:
+        names["find_packed_sequence_indices"] = lambda *a, **k: None
+    if masking is None or not all(hasattr(masking, n) for n in names):
+        yield
+        return
+    before = {n: getattr(masking, n) for n in names}
+    try:
+        for n, f in names.items():
+            setattr(masking, n, f)
+        yield
+    finally:
+        for n, f in before.items():
+            setattr(masking, n, f)
+
+
 def _export(model: nn.Module, args: tuple, kwargs: dict, name: str):
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _eager_attention_masks(kwargs):
         warnings.simplefilter("ignore")
         try:
             return torch.export.export(model, args, kwargs, strict=False)

@@ -10,7 +10,8 @@ saved parameters are ignored.
 
 ``dropout`` is probed as ``native_dropout`` (bool mask, as on GPU), and
 ``scaled_dot_product_attention`` is probed through its fused kernels
-(``_scaled_dot_product_flash_attention``, or ``..._efficient_attention`` when there is a mask):
+(``_scaled_dot_product_flash_attention``, or ``..._efficient_attention`` when there is a mask;
+grouped key/value heads, ``enable_gqa``, go to the flash kernel unrepeated):
 on meta/CPU the composite would take the math path, which saves the full (s, t) probability
 matrix -- not what a GPU training run keeps.
 """
@@ -78,7 +79,14 @@ def _sdpa_fused(args, kwargs):
     a.update(kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     mask, p, causal, scale = a.get("attn_mask"), a.get("dropout_p", 0.0), a.get("is_causal", False), a.get("scale")
-    if a.get("enable_gqa") or q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2] or q.dim() != 4:
+    if q.dim() != 4 or k.shape[:-2] != v.shape[:-2]:
+        return None
+    if a.get("enable_gqa"):
+        # grouped key/value heads: the flash kernels take them unrepeated (the others repeat them)
+        if mask is not None or q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1] or q.shape[-1] != v.shape[-1]:
+            return None
+        return aten._scaled_dot_product_flash_attention(q, k, v, p, causal, False, scale=scale)[0]
+    if q.shape[:-2] != k.shape[:-2]:
         return None
     if mask is None and q.shape[-1] == v.shape[-1]:
         return aten._scaled_dot_product_flash_attention(q, k, v, p, causal, False, scale=scale)[0]
