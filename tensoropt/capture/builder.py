@@ -44,6 +44,9 @@ _PER_ELEM = {"elementwise": ELEMENTWISE_FLOPS, "norm": NORM_FLOPS, "softmax": SO
 
 
 #: views that act the same on a shard as on the whole tensor (inside a fused operator)
+# views replayed on a kernel's own output layout (Builder._kernel_layout)
+_LAYOUT_VIEWS = frozenset(("transpose", "permute", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
+                           "flatten", "unflatten", "alias", "detach", "t"))
 _LOCAL_VIEWS = frozenset(("contiguous", "clone", "alias", "detach", "_to_copy", "to", "type_as", "getitem"))
 
 
@@ -96,6 +99,8 @@ class Builder:
         self.edges: list[Edge] = []
         self.unsupported: list[str] = []
         self.save_claims: list[tuple] = []     # per operator: what autograd saves, by storage
+        self._layouts: dict[fx.Node, torch.Tensor | None] = {}   # see _kernel_layout
+        self.storage_bytes: dict[tuple, int] = {}   # per operator's output storage key: its bytes
         self._cache: dict = {}
         self._leaf_cache: dict[str, bool] = {}
         canon: dict[int, str] = {}
@@ -358,10 +363,11 @@ class Builder:
         self.save_claims.append(())
         return Val("op", spec, op=idx, dim_map=identity(len(spec.shape)), rg=v.rg, store=("op", idx))
 
-    @staticmethod
-    def _copies(n: fx.Node, src: fx.Node) -> bool:
+    def _copies(self, n: fx.Node, src: fx.Node) -> bool:
         """Does this view-like op materialise a new tensor?"""
-        a, out = src.meta.get("val"), n.meta.get("val")
+        a, out = self._kernel_layout(src), n.meta.get("val")
+        if a is None:
+            a = src.meta.get("val")
         if not isinstance(a, torch.Tensor) or not isinstance(out, torch.Tensor):
             return True
         name = op_name(n)
@@ -376,6 +382,34 @@ class Builder:
         if name in ("_to_copy", "to", "type_as"):
             return False  # same dtype and device: returns the input itself
         return True
+
+    def _kernel_layout(self, node: fx.Node) -> torch.Tensor | None:
+        """A meta tensor with the strides the training run's kernel gives ``node``'s value, where
+        they may differ from the traced ones: the flash attention kernels (CPU and CUDA) lay their
+        output out in the query's dimension order (``empty_like``), where the traced composite
+        returns it contiguous. A query projected as (batch, seq, heads, dim) and transposed
+        gives an output whose usual ``transpose(1, 2).contiguous()`` copies nothing. None
+        elsewhere."""
+        if node in self._layouts:
+            return self._layouts[node]
+        val, out = node.meta.get("val"), None
+        if isinstance(val, torch.Tensor):
+            query = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+            if (node.target is torch.ops.aten.scaled_dot_product_attention.default and val.dim() == 4
+                    and isinstance(query, torch.Tensor) and query.dim() == 4):
+                order = sorted(range(4), key=lambda k: (-query.stride(k), k))   # outermost first
+                laid = torch.empty([val.shape[k] for k in order], dtype=val.dtype, device="meta")
+                out = laid.permute([order.index(k) for k in range(4)])
+            elif op_name(node) in _LAYOUT_VIEWS and node.args and isinstance(node.args[0], fx.Node):
+                base = self._kernel_layout(node.args[0])
+                if base is not None:
+                    try:
+                        out = node.target(base, *node.args[1:], **node.kwargs)
+                    except RuntimeError:     # a view the kernel's layout cannot take: reshape copies
+                        out = None
+                    out = out if isinstance(out, torch.Tensor) and out.shape == val.shape else None
+        self._layouts[node] = out
+        return out
 
     def _split(self, n: fx.Node) -> None:
         v = self._val(n.args[0])
@@ -531,6 +565,7 @@ class Builder:
         rg = any_rg and _is_float(out_spec)
         ov = Val("op", out_spec, op=idx, dim_map=identity(len(out_spec.shape)), bdim=c.out_bdim, rg=rg,
                  store=("op", idx))
+        self.storage_bytes[("op", idx)] = out_spec.nbytes
         if isinstance(out_val, (tuple, list)):
             vs = []
             for k, t in enumerate(out_val):

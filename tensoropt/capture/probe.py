@@ -140,22 +140,6 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
     out = _first_tensor(env[out_node])
     ff = float(fwd.get_total_flops())
 
-    fb = 0.0
-    bwd_extra = 0
-    leaves = [t for t in tensors if t.requires_grad]
-    if out is not None and out.requires_grad and leaves:
-        with FlopCounterMode(display=False) as bwd, _LiveBytes() as live:
-            torch.autograd.grad(out, leaves, grad_outputs=torch.empty_like(out), allow_unused=True)
-        fb = float(bwd.get_total_flops())
-        # what the backward holds beyond the output's gradient, the largest input gradient and
-        # the parameters' gradients (the cost model's own terms): a fused group's intermediates
-        def nbytes(t):
-            return t.numel() * t.element_size()
-        covered = nbytes(out) + max((nbytes(t) for t, p in zip(tensors, inputs) if t.requires_grad and not p.is_param),
-                                    default=0) + sum(nbytes(t) for t, p in zip(tensors, inputs)
-                                                     if t.requires_grad and p.is_param)
-        bwd_extra = max(0, live.peak - covered)
-
     param_sids = {_sid(t) for t, p in zip(tensors, inputs) if p.is_param}
     in_sids: dict[int, int] = {}
     for i, (t, p) in enumerate(zip(tensors, inputs)):
@@ -164,6 +148,7 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
     out_sid = _sid(out) if out is not None else None
     ops: list[int] = []
     extra: dict[int, int] = {}
+    held = _LiveBytes()           # the saved tensors no operand is: freed as the backward goes
     for t in saved:
         if not isinstance(t, torch.Tensor):
             continue
@@ -173,11 +158,37 @@ def _probe(nodes, out_node, externals, inputs) -> ProbeResult:
         if s in in_sids:
             if in_sids[s] not in ops:
                 ops.append(in_sids[s])
-        elif s == out_sid:
+            continue
+        if s == out_sid:
             if -1 not in ops:
                 ops.append(-1)
         else:
             extra[s] = max(extra.get(s, 0), t.untyped_storage().nbytes(), t.numel() * t.element_size())
+        held.track(t)
+    # only autograd's graph keeps the intermediates now, as in the training run
+    del saved[:]
+    env.clear()
+    t = args = kwargs = res = None
+    at_start = held.total
+
+    fb = 0.0
+    bwd_extra = 0
+    leaves = [t for t in tensors if t.requires_grad]
+    if out is not None and out.requires_grad and leaves:
+        held.peak = at_start
+        with FlopCounterMode(display=False) as bwd, held:
+            torch.autograd.grad(out, leaves, grad_outputs=torch.empty_like(out), allow_unused=True)
+        fb = float(bwd.get_total_flops())
+        # what the backward holds beyond what the forward saved (the cost model keeps it until
+        # the operator's backward ends), the output's gradient, the largest input gradient and
+        # the parameters' gradients (the cost model's own terms): a fused group's intermediates,
+        # less the saved ones its backward has already let go of at its peak
+        def nbytes(t):
+            return t.numel() * t.element_size()
+        covered = nbytes(out) + max((nbytes(t) for t, p in zip(tensors, inputs) if t.requires_grad and not p.is_param),
+                                    default=0) + sum(nbytes(t) for t, p in zip(tensors, inputs)
+                                                     if t.requires_grad and p.is_param)
+        bwd_extra = max(0, held.peak - at_start - covered)
     return ProbeResult(ok=True, flops_fwd=ff, flops_bwd=fb, saved=tuple(sorted(ops, key=lambda i: (i < 0, i))),
                        extra_bytes=int(sum(extra.values())), backward_extra_bytes=int(bwd_extra))
 
@@ -192,7 +203,7 @@ class _LiveBytes(TorchDispatchMode):
         self.total = self.peak = 0
         self.refs: list = []
 
-    def _track(self, t) -> None:
+    def track(self, t) -> None:
         if not isinstance(t, torch.Tensor):
             return
         st = t.untyped_storage()
@@ -212,7 +223,7 @@ class _LiveBytes(TorchDispatchMode):
         returns = func._schema.returns
         if not any(r.alias_info is not None for r in returns):          # views share storage
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                self._track(t)
+                self.track(t)
         self.peak = max(self.peak, self.total)
         return out
 
