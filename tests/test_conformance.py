@@ -156,8 +156,9 @@ DTENSOR_ZERO2_TOL = 0.15
 # Known gap, not yet explained: ZeRO-3 with recomputation on a DTensor layout that splits
 # contracted dimensions. GPT-2's "tp4 zero3 rc1/2" and "tp4 zero3 rc2/2" (4 ranks) measure
 # 12.6 % and 15.5 % above their predicted peak. The peak falls in the recomputed block's
-# backward (its GELU), where the rank holds a full-size (batch x seq, 4 x hidden) buffer made
-# in the recomputation that the cost model does not count. The old
+# backward (its GELU), where the rank still holds the recomputed first MLP projection's
+# full-size partial output (batch x seq, 4 x hidden; held by autograd, not by the runner),
+# which the cost model does not count. The old
 # capture priced such plans lower still; they came onto this frontier when capture began
 # pricing transformers' attention as it runs (2026-11-27).
 DTENSOR_ZERO3_RECOMPUTE_TOL = 0.17
