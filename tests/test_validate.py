@@ -273,6 +273,33 @@ def test_validate_script_analysis_on_synthetic_pairs():
     assert all(p["calibrated_time_error"] == pytest.approx(0, abs=1e-6) for p in pairs)
 
 
+def test_validate_script_reports_each_models_bias():
+    """Per model, the median signed error of each kind: a model priced 20 % high on its
+    held-out pairs and 10 % low on memory reads so, another calibrated exactly reads 0."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_script", os.path.join(ROOT, "scripts", "validate.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pairs = []
+    for model, lean in (("high", 1.2), ("exact", 1.0)):
+        for k, split in enumerate(("train", "test", "test")):
+            t = 0.1 * (k + 1)
+            pairs.append({"model": model, "split": split, "measured_time_s": t, "calibrated_time_s": t * lean,
+                          "predicted_time_s": t / 2, "measured_memory_bytes": 1e6,
+                          "predicted_memory_bytes": 1e6 * (0.9 if model == "high" else 1.0)})
+    pairs[0]["calibrated_time_s"] = pairs[0]["measured_time_s"]      # a training pair, not held out
+    bias = mod.per_model_bias(pairs)
+    assert set(bias) == {"high", "exact"}
+    assert bias["high"]["held_out_pairs"] == 2 and bias["high"]["pairs"] == 3
+    assert bias["high"]["calibrated_time_bias_held_out"] == pytest.approx(0.2)
+    assert bias["high"]["calibrated_time_bias"] == pytest.approx(0.2)      # median of 0, 0.2, 0.2
+    assert bias["high"]["uncalibrated_time_bias"] == pytest.approx(-0.5)
+    assert bias["high"]["memory_bias"] == pytest.approx(-0.1)
+    exact = bias["exact"]
+    assert exact["calibrated_time_bias_held_out"] == exact["calibrated_time_bias"] == exact["memory_bias"] == 0.0
+
+
 def test_memory_fit_recovers_known_terms():
     from tensoropt.validate.fit import MemoryCalibration, fit_memory_calibration
 
