@@ -127,10 +127,11 @@ def saved_bytes(g: OpGraph) -> int:
 
 
 def real_saved_bytes(model: nn.Module, inputs) -> int:
-    """Bytes of distinct non-parameter storages autograd saves in a real CPU forward."""
+    """Bytes of distinct non-parameter storages autograd saves in a real CPU forward
+    (``inputs``: positional, or a dict of keyword inputs)."""
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        model(*inputs)
+        model(**inputs) if isinstance(inputs, dict) else model(*inputs)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     uniq = {}
     for t in saved:
@@ -444,12 +445,7 @@ def test_transformers_saved_activations_match_real_autograd(kind):
     assert len(attention) == 2 and all(len(o.operands) == 3 for o in attention)    # no mask operand
     if kind == "llama":
         assert [o.operands[1].shape[1] for o in attention] == [2, 2]             # key heads unrepeated
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        model(**training_kwargs(model, inputs))
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    real = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved
-                if t.untyped_storage().data_ptr() not in params}.values())
+    real = real_saved_bytes(model, training_kwargs(model, inputs))
     # Llama's rotary tables are computed from positions, not charged: 4 KiB here
     assert abs(saved_bytes(g) - real) <= 0.005 * real
 

@@ -291,7 +291,7 @@ def capture_program(model: nn.Module, inputs: Any, *, kwargs: dict | None = None
     names = _names(b.ops)
     ops = [Operator(name=n, **{k: v for k, v in o.items() if k not in ("short", "leaf")})
            for n, o in zip(names, b.ops)]
-    ops = resolve_saved(model, ops, b.save_claims, b.storage_bytes)
+    ops = resolve_saved(model, ops, b.save_claims)
     blocks, block_modules = find_blocks(model, ops, b.edges)
     graph = OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
                     blocks=blocks, block_modules=block_modules, batch_size=batch_size,

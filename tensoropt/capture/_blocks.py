@@ -45,14 +45,12 @@ def _owner(module: str, prefixes: list[str]) -> int | None:
     return None
 
 
-def resolve_saved(model: nn.Module, ops: list[Operator], claims: list[tuple],
-                  storage_bytes: dict | None = None) -> list[Operator]:
+def resolve_saved(model: nn.Module, ops: list[Operator], claims: list[tuple]) -> list[Operator]:
     """``saved_operands`` of every operator from its claims ``(operand index or -1, storage key)``.
 
     A saved operand that is part of a larger storage (one of the pieces a fused projection's
-    output is split into) keeps the whole storage alive: the first operator to save it is
-    charged the rest (``storage_bytes``: bytes per storage key) as saved extra bytes."""
-    storage_bytes = storage_bytes or {}
+    output is split into, key ``("op", producer)``) keeps the whole storage alive: the first
+    operator to save it is charged the rest as saved extra bytes."""
     whole = [0] * len(ops)
     lists = containers(model)
     claimants: dict[object, list[int]] = {}
@@ -82,8 +80,8 @@ def resolve_saved(model: nn.Module, ops: list[Operator], claims: list[tuple],
             last[key] = (i, j)
             if key not in shared:
                 saved[i].append(j)
-                if j >= 0:
-                    whole[i] += max(0, storage_bytes.get(key, 0) - ops[i].operands[j].nbytes)
+                if j >= 0 and key[0] == "op" and len(key) == 2:
+                    whole[i] += max(0, ops[key[1]].output.nbytes - ops[i].operands[j].nbytes)
             elif key[0] == "op":
                 saved[key[1]].append(-1)
     for i in range(len(ops)):       # the producer's -1 may come after its own claims

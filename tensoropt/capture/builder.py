@@ -43,10 +43,10 @@ _PER_ELEM = {"elementwise": ELEMENTWISE_FLOPS, "norm": NORM_FLOPS, "softmax": SO
              "embedding": EMBEDDING_FLOPS, "other": OTHER_FLOPS}
 
 
-#: views that act the same on a shard as on the whole tensor (inside a fused operator)
-# views replayed on a kernel's own output layout (Builder._kernel_layout)
+#: views replayed on a kernel's own output layout (Builder._kernel_layout)
 _LAYOUT_VIEWS = frozenset(("transpose", "permute", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
                            "flatten", "unflatten", "alias", "detach", "t"))
+#: views that act the same on a shard as on the whole tensor (inside a fused operator)
 _LOCAL_VIEWS = frozenset(("contiguous", "clone", "alias", "detach", "_to_copy", "to", "type_as", "getitem"))
 
 
@@ -100,7 +100,6 @@ class Builder:
         self.unsupported: list[str] = []
         self.save_claims: list[tuple] = []     # per operator: what autograd saves, by storage
         self._layouts: dict[fx.Node, torch.Tensor | None] = {}   # see _kernel_layout
-        self.storage_bytes: dict[tuple, int] = {}   # per operator's output storage key: its bytes
         self._cache: dict = {}
         self._leaf_cache: dict[str, bool] = {}
         canon: dict[int, str] = {}
@@ -393,15 +392,16 @@ class Builder:
         if node in self._layouts:
             return self._layouts[node]
         val, out = node.meta.get("val"), None
-        if isinstance(val, torch.Tensor):
-            query = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+        source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if isinstance(val, torch.Tensor) and source is not None:
+            query = source.meta.get("val")
             if (node.target is torch.ops.aten.scaled_dot_product_attention.default and val.dim() == 4
                     and isinstance(query, torch.Tensor) and query.dim() == 4):
                 order = sorted(range(4), key=lambda k: (-query.stride(k), k))   # outermost first
                 laid = torch.empty([val.shape[k] for k in order], dtype=val.dtype, device="meta")
                 out = laid.permute([order.index(k) for k in range(4)])
-            elif op_name(node) in _LAYOUT_VIEWS and node.args and isinstance(node.args[0], fx.Node):
-                base = self._kernel_layout(node.args[0])
+            elif op_name(node) in _LAYOUT_VIEWS:
+                base = self._kernel_layout(source)
                 if base is not None:
                     try:
                         out = node.target(base, *node.args[1:], **node.kwargs)
@@ -565,7 +565,6 @@ class Builder:
         rg = any_rg and _is_float(out_spec)
         ov = Val("op", out_spec, op=idx, dim_map=identity(len(out_spec.shape)), bdim=c.out_bdim, rg=rg,
                  store=("op", idx))
-        self.storage_bytes[("op", idx)] = out_spec.nbytes
         if isinstance(out_val, (tuple, list)):
             vs = []
             for k, t in enumerate(out_val):
