@@ -38,9 +38,10 @@ import numpy as np  # noqa: E402
 from tensoropt.validate.fit import TERMS, CostTerms, fit_calibration  # noqa: E402
 from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, summarize  # noqa: E402
 
-ABLATION_ORDER = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s",
-                  "optimizer_s_per_param", "grad_comm_scale", "relayout_scale")
-DEFAULT_TERMS = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s")
+ABLATION_ORDER = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_dtensor_op_s",
+                  "per_sharded_op_s", "optimizer_s_per_param", "grad_comm_scale", "relayout_scale")
+DEFAULT_TERMS = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s",
+                 "per_dtensor_op_s")
 NOTES = [
     "Wall times come from a 2-core machine; the 1-minute load average while timing is recorded in "
     "overall.*.loadavg_1min_during_timing (other jobs on the machine inflate wall time over process CPU "
@@ -53,9 +54,11 @@ NOTES = [
     "Split: per (model, world), pairs sorted by predicted time alternate train/test; the calibration is fitted "
     "on train and evaluated on test ('calibrated.test'); step_calibration.json is refitted on all pairs.",
     "Features are the plan's time under each cost term alone (tensoropt.calibration.step_features), the "
-    "terms the search prices every node and edge with: collective_calls counts the calls of layout moves "
-    "and of model-parallel operators (a data-parallel operator's gradient reduction is bucketed by FSDP2; "
-    "fixed_s absorbs those calls), sharded_ops the operators that split something besides the batch. "
+    "terms the search prices every node and edge with: collective_calls counts the calls of layout moves, "
+    "of model-parallel operators and, under ZeRO-2/3 on the DTensor runner, of every parameter (a grouped "
+    "gradient reduction, FSDP2's or the DTensor runner's buckets, counts its share of one call; fixed_s "
+    "absorbs the rest), sharded_ops the operators that split something besides the batch, dtensor_ops the "
+    "operators the DTensor runner runs one by one (every operator of a plan FSDP2 does not run). "
     "'earlier_run_calibration' evaluates terms fitted on an earlier run on this run's pairs.",
     "Pipeline plans (pp...) are skipped: tensoropt.parallelize does not lay them out (PlanNotApplicable).",
     "Memory: MemTracker categories at the step's peak are compared with the predicted breakdown per pair "

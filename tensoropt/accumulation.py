@@ -20,7 +20,6 @@ import numpy as np
 
 from .costmodel import CostModel
 from .engine import memguard
-from .engine.bounds import lower_bound
 from .execution import syncs_gradients_once
 from .mesh import Cluster, Mesh
 from .mesh_search import zero_stages
@@ -77,7 +76,7 @@ def accumulation_jobs_on(mb_ctx: PlanContext, step_graph: OpGraph, cluster: Clus
         problem = accumulation_problem(mb_ctx.graph, mesh, cost_for(mesh), m, z, options.recompute,
                                        options.recompute_policy, space.batch_only_axes(mesh, cluster))
         memguard.check()
-        bound = StagesBound((lower_bound(problem.cost_graph),), float(m), 0.0)
+        bound = StagesBound((problem.lower_bound(),), float(m), 0.0)
         jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}, {m} accumulated micro-batches", bound,
                         partial(_solve, mb_ctx, step_graph, problem, m, space.block_groups)))
     return jobs

@@ -43,7 +43,7 @@ def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
                                 recompute_policy=getattr(plan, "recompute_policy", "full") or "full")
         if assignment is None:
             assignment = assignment_of(plan, problem, graph)
-        feats[feature] = float(problem.cost_graph.cost(assignment)[0])
+        feats[feature] = problem.time_of(assignment)
     feats["predicted_s"] = float(plan.time_s)
     return feats
 

@@ -37,7 +37,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
-from .execution import gradient_group, latency_shares, runner_groups, syncs_gradients_once
+from .execution import gradient_group, latency_shares, runner_groups, runs_replicated, syncs_gradients_once
 from .opgraph import OpGraph
 from .placement import Partial
 from .plan import Plan
@@ -64,8 +64,9 @@ def _operator_collectives(plan: Plan, graph: OpGraph, cfgs, training: TrainingCo
     shape = tuple(plan.mesh_shape)
     out: list[Collective] = []
     shares = latency_shares(graph)
+    fsdp = runs_replicated(graph, cfgs, shape)
     for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
-        out += operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0, shares)
+        out += operator_collectives(op, cfg, shape, training, owns, plan.zero_stage or 0, shares, fsdp)
     return out
 
 
@@ -132,8 +133,9 @@ def _bucketed(plan: Plan, graph: OpGraph, cfgs, training: TrainingConfig, apply_
     zero = plan.zero_stage or 0
     out: list[Collective] = []
     merged: dict[tuple, int] = {}
+    fsdp = apply_mode == "replicate"
     for op, cfg, owns in zip(graph.operators, cfgs, owners(graph)):
-        colls = operator_collectives(op, cfg, shape, training, owns, zero, shares)
+        colls = operator_collectives(op, cfg, shape, training, owns, zero, shares, fsdp)
         group = gradient_group(graph, op)
         partial = {pname: grad_partial(cfg, t) for t, pname in zip(op.terms[0], op.param_names) if pname}
         for c in colls:

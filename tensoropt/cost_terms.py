@@ -9,15 +9,17 @@ is exact for the calibrated model. A step's time is linear in the terms::
     t = matmul_scale · matmul_s + other_compute_scale · other_compute_s
         + relayout_scale · relayout_s + grad_comm_scale · grad_comm_s + p2p_scale · p2p_s
         + per_collective_s · collective_calls + per_sharded_op_s · sharded_ops
-        + optimizer_s_per_param · local_params + fixed_s
+        + per_dtensor_op_s · dtensor_ops + optimizer_s_per_param · local_params + fixed_s
 
 where each feature is what the uncalibrated cost model adds up: compute of matrix-unit
 operators (linear, matmul, attention, conv) and of the rest, layout moves on edges and tied
 parameters, an operator's own collectives (gradient reductions, ZeRO gathers), pipeline
-sends; per call, the collectives of layout moves and of model-parallel operators (a
-data-parallel operator's gradient reduction goes into a bucket, FSDP2 / DDP, whose calls
-``fixed_s`` absorbs); operators that split something other than the batch over a mesh axis
-(operator-level layouts: DTensor dispatch); the parameter elements this device updates.
+sends; collective calls, one per collective, a parameter collective issued with its
+group's (``execution.groups_parameter_collectives``) counting its share of one; operators that split something other than the batch over a mesh axis
+(operator-level layouts); operators the DTensor runner runs one by one, every operator of a
+plan on a mesh of more than one device except the plan FSDP2 runs on the model's own code
+(``execution.runs_replicated``: DTensor's dispatch and sharding propagation per operator,
+forward and backward); the parameter elements this device updates.
 ``validate.fit`` fits them on measured steps, ``scripts/validate_published.py`` on published
 GPU runs.
 
@@ -46,6 +48,7 @@ TERMS: dict[str, str] = {
     "p2p_scale": "p2p_s",
     "per_collective_s": "collective_calls",
     "per_sharded_op_s": "sharded_ops",
+    "per_dtensor_op_s": "dtensor_ops",
     "optimizer_s_per_param": "local_params",
     "fixed_s": "one",
 }
@@ -63,6 +66,7 @@ class CostTerms:
     p2p_scale: float = 1.0
     per_collective_s: float = 0.0
     per_sharded_op_s: float = 0.0
+    per_dtensor_op_s: float = 0.0
     optimizer_s_per_param: float = 0.0
     fixed_s: float = 0.0
     # the share of an operator's own compute (uncalibrated) behind which its parameter

@@ -93,16 +93,19 @@ class CostModel:
     # ------------------------------------------------------------------ nodes
 
     def node_cost(self, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool = True,
-                  zero_stage: int = 0, latency_shares: Mapping[str, float] | None = None) -> NodeCost:
+                  zero_stage: int = 0, latency_shares: Mapping[str, float] | None = None,
+                  fsdp: bool = False) -> NodeCost:
         """Cost of ``op`` in configuration ``cfg``; ``owns_params=False`` for a later user of a
         tied parameter (its state is charged at the first user). ``zero_stage`` shards the
         optimizer state (1), + gradients (2), + parameters (3) over the axes where the
         parameter is replicated while the operator splits something else.
         ``latency_shares``: its graph's ``execution.latency_shares`` (None: every parameter's
-        collectives pay their fixed costs in full)."""
+        collectives pay their fixed costs in full); ``fsdp``: priced as FSDP2 runs a plan
+        whose operators split nothing but the batch (``execution.runs_replicated``), its
+        parameter collectives grouped."""
         if zero_stage not in ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
-        return _node_cost(self, op, cfg, mesh, owns_params, zero_stage, latency_shares)
+        return _node_cost(self, op, cfg, mesh, owns_params, zero_stage, latency_shares, fsdp)
 
     def price(self, items: Iterable[Collective | Move], mesh: Mesh) -> float:
         """The time of collectives on ``mesh``: the sum of each one's α–β price. Items may be
@@ -146,7 +149,7 @@ def _local_alignment(op: Operator, cfg: OpConfig, shape: tuple[int, ...], itemsi
 
 
 def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_params: bool,
-               zero_stage: int, latency_shares: Mapping[str, float] | None) -> NodeCost:
+               zero_stage: int, latency_shares: Mapping[str, float] | None, fsdp: bool) -> NodeCost:
     shape = mesh.shape
     terms, out = op.terms
     ws = cfg.work_shards(shape)
@@ -162,10 +165,13 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     forward = scale * raw_forward
     compute = forward + scale * raw_backward
     # operator-level layouts (something besides the batch split over a mesh axis) pay a
-    # dispatch cost per operator, and issue their collectives one call each
+    # dispatch cost per operator
     sharded_op = model_parallel(cfg, shape)
     if sharded_op:
         compute += tt.per_sharded_op_s
+    if not fsdp and any(n > 1 for n in shape):
+        # the DTensor runner runs every operator of the plan on DTensor (all but FSDP2's plan)
+        compute += tt.per_dtensor_op_s
     p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = updated = 0.0
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
@@ -197,7 +203,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         fresh += bg * local_numel / (d if zero_stage >= 3 else 1)   # ZeRO-3: the rest is in ``gathered``
         o_bytes += bo * local_numel / (d if zero_stage >= 1 else 1)
         updated += local_numel / (d if zero_stage >= 1 else 1)
-    moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage, latency_shares))
+    moves = list(operator_moves(op, cfg, shape, cm.training, owns_params, zero_stage, latency_shares, fsdp))
     if tt.grad_comm_overlap > 0:
         # a parameter's collectives go out beside compute (FSDP2 prefetches the next gather,
         # reductions leave during backward): what passes the overlap's share of the operator's
@@ -208,8 +214,8 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
                                      + cm.price([m for m in moves if not is_parameter_collective(m[0])], mesh))
     else:
         comm = tt.grad_comm_scale * cm.price(moves, mesh)
-    if sharded_op:
-        comm += tt.per_collective_s * _calls(moves)
+    # a fixed cost per call: a collective issued with its group's carries its share of one
+    comm += tt.per_collective_s * _calls(moves)
     act = 0.0
     tensor_scale = cm.training.loss_scale if op.family == "loss" else cm.training.scale
     for i in op.saved_operands:

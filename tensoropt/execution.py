@@ -45,12 +45,16 @@ def gradient_group(graph: OpGraph, op: Operator) -> str:
     return next((m for m in graph.block_modules if op.module == m or op.module.startswith(m + ".")), "")
 
 
-def groups_parameter_collectives(cfg: OpConfig, mesh_shape: Sequence[int], zero_stage: int) -> bool:
+def groups_parameter_collectives(cfg: OpConfig, mesh_shape: Sequence[int], zero_stage: int,
+                                 fsdp: bool = False) -> bool:
     """Whether the apply layer issues an operator's parameter collectives with the rest of its
-    group (:func:`latency_shares`) rather than one call each: where the operator splits
-    nothing but the batch (FSDP2's groups, which run such plans), and where the DTensor
-    runner groups them (:func:`runner_groups`)."""
-    return runner_groups(zero_stage) or not model_parallel(cfg, mesh_shape)
+    group (:func:`latency_shares`) rather than one call each: where the DTensor runner groups
+    them (:func:`runner_groups`), and in a plan FSDP2 runs (``fsdp``: :func:`runs_replicated`),
+    whose operators split nothing but the batch. Under ZeRO-2 and -3 the DTensor runner
+    moves every parameter on its own, a batch-only operator's too: whether a plan's
+    batch-only operators are grouped is a property of the whole plan, so the search prices
+    them per parameter and FSDP2's plan apart (``planner.MeshProblem.replicate_time_s``)."""
+    return runner_groups(zero_stage) or (fsdp and not model_parallel(cfg, mesh_shape))
 
 
 def runner_groups(zero_stage: int) -> bool:

@@ -17,7 +17,6 @@ import numpy as np
 
 from .costmodel import CostModel
 from .engine import memguard
-from .engine.bounds import lower_bound
 from .mesh import Cluster, Mesh
 from .peak_search import solve_problem
 from .plan_builder import Candidate, PlanContext, plan_from_assignment
@@ -67,7 +66,7 @@ def mesh_jobs_on(ctx: PlanContext, cluster: Cluster, space: SearchSpace, cost_fo
                                 recompute_policy=options.recompute_policy, batch_only_axes=space.batch_only_axes(mesh, cluster))
         memguard.check()
         problems.append(problem)
-        jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", lower_bound(problem.cost_graph),
+        jobs.append(Job(f"mesh {mesh}, ZeRO stage {z}", problem.lower_bound(),
                         partial(_solve, ctx, problem, space.block_groups, start_at),
                         chain=f"mesh {mesh}"))
     return problems, jobs

@@ -101,7 +101,9 @@ def solve_problem(problem: MeshProblem, graph, microbatches: int = 1, epsilon: f
         fwd = solve(problem.cost_graph, epsilon=epsilon, time_limit_s=time_left(deadline), progress=False,
                     block_groups=block_groups, ceiling=ceiling)
         parts.append(fwd.assignments)
-    elif pm.replicate is not None:
+    if pm.replicate is not None:
+        # the main graphs leave these plans out (the peak graphs) or price them as the
+        # DTensor runner would run them (the cost graph): their own graph prices them
         rep = solve_peak(pm.replicate, epsilon=epsilon, time_limit_s=time_left(deadline))
         parts.append(pm.expand(rep.assignments))
     a = np.concatenate(parts, axis=0) if parts else np.zeros((0, pm.exact.n_nodes), dtype=np.int64)

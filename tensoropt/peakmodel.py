@@ -35,9 +35,11 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   gathered again for it): a term over both users' configurations, whose operators are far
   apart; the block graph takes it at the first user's configuration that makes it largest.
 
-The ``replicate`` holdings depend on the whole plan running that way, so those plans (one
-configuration per operator: the batch split on every axis) get a graph of their own and
-are excluded from the main one.
+The ``replicate`` holdings and FSDP2's grouped collectives (``MeshProblem.replicate_time_s``)
+depend on the whole plan running that way, so those plans (one configuration per operator:
+the batch split on every axis) get a graph of their own and are excluded from the main one
+(under ZeRO-1 and while accumulating, with the DTensor runner's holdings:
+``MeshProblem.fsdp_holdings_priced``).
 
 Two granularities. The *exact* graph has one region per operator, and each recompute unit
 is a unit of regions (``PeakGraph.units``): it is this definition term for term, and what
@@ -59,8 +61,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .engine.peakgraph import PeakGraph, Region, SumTerm, Term
-from .execution import batch_statistics_axes
-from .planner import MeshProblem, recompute_units
+from .planner import MeshProblem, recompute_units, replicate_times
 
 __all__ = ["PeakModel", "peak_model", "EXACT_SEARCH_ROWS"]
 
@@ -156,11 +157,13 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
     """The peak graphs of ``problem`` (``graph``: the operator graph it was built from;
     ``microbatches``: how many the step's input batch holds, for a pipeline stage)."""
     n_ops = len(problem.configs)
-    rep = _replicate_configs(problem, graph)
+    rep = problem.replicate_configs
+    if not (problem.fsdp_holdings_priced or problem.replicate_time_s is not None):
+        rep = None                  # the main graph prices that plan as it runs: no graph apart
     if rep is not None and problem.mesh.size == 1:
         if any(len(c) != 1 for c in problem.configs):
             raise AssertionError("a one-device mesh with several configurations per operator")
-        only = _build(problem, graph, microbatches, fine=True, replicate=True)
+        only = _build(problem, graph, microbatches, fine=True, replicate=problem.fsdp_holdings_priced)
         return PeakModel(only, None, None, n_ops)
     exclude = None
     if rep is not None:
@@ -172,7 +175,8 @@ def peak_model(problem: MeshProblem, graph, microbatches: int = 1, exact_rows: i
     def parts():                    # one at a time: the search may need only the first
         for f, sub in _tied_classes(problem):
             yield f, sub, _build(problem, graph, microbatches, fine=True, exclude=exclude, restrict={f: sub})
-    only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep, replicate=True)
+    only = None if rep is None else _build(problem, graph, microbatches, fine=True, fixed=rep,
+                                           replicate=problem.fsdp_holdings_priced)
     return PeakModel(exact, only, rep, n_ops, block, parts, exact_rows)
 
 
@@ -215,30 +219,6 @@ def _widest_cut(g: PeakGraph) -> int:
         rows = rows * enter.get(c, 1) // leave.get(c, 1)
         widest = max(widest, rows)
     return widest
-
-
-def _replicate_configs(problem: MeshProblem, graph) -> np.ndarray | None:
-    """Per operator, its configuration in a plan the apply layer runs with FSDP2 ``replicate``
-    (every axis of more than one device splits the batch of every batched operator while the
-    others replicate, and no batch statistics are synchronised) -- or, under ZeRO-2/3, FSDP2
-    ``fully_shard`` -- or None when no plan of this problem runs that way (pipeline stages, or
-    an operator with no such configuration). ZeRO-1 is not among them: with one micro-batch it
-    runs as ZeRO-2, and ``plan_for`` prices it so; it runs as itself only while accumulating,
-    whose FSDP2 holdings are not priced here; the search does not offer it."""
-    if problem.accumulates or problem.zero_stage == 1:
-        return None
-    shape = problem.mesh.shape
-    if any(n > 1 for n in shape) and not any(op.batched for op in graph.operators):
-        return None
-    out = []
-    for op, cfgs in zip(graph.operators, problem.configs):
-        want = "b" if op.batched else None
-        hits = [j for j, c in enumerate(cfgs)
-                if all(s == want for s, n in zip(c.splits, shape) if n > 1) and not batch_statistics_axes(op, c)]
-        if len(hits) != 1:
-            return None
-        out.append(hits[0])
-    return np.array(out, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -328,6 +308,13 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
         return table[np.ix_(*[pick[v] for v in scope])]
 
     additive = [Term((v,), cut((v,), c)) for v, c in enumerate(cg.node_costs)]
+    if fixed is not None and problem.replicate_time_s is not None:
+        # FSDP2 groups the parameter collectives the cost graph prices one by one
+        for v, d in enumerate(problem.replicate_time_s):
+            if d:
+                table = additive[v].table.copy()
+                table[..., 0] = replicate_times(table[..., 0], d)
+                additive[v] = Term((v,), table)
     additive += [Term((u, v), cut((u, v), t)) for (u, v), t in cg.edge_costs.items()]
     additive += _input_terms(problem, graph, microbatches, pick)
     act_of, trans_of, out_of, reg_of = problem.backward_tables

@@ -268,7 +268,7 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
         g, _ = sub_graph(mb_graph, spec.ops)
         problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                 activation_factor=spec.in_flight, comm_factor=1.0 / scale,
-                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True,
+                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True, pipeline_stage=True,
                                 recompute_policy=recompute_policy)
         built.append((g, problem))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
@@ -338,7 +338,7 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
         g, _ = sub_graph(mb_graph, spec.ops)
         problem = build_problem(g, mesh, cm, zero_stage=zero_stage, recompute=recompute,
                                 activation_factor=spec.in_flight, comm_factor=1.0 / scale, accumulates=True,
-                                recompute_policy=recompute_policy)
+                                pipeline_stage=True, recompute_policy=recompute_policy)
         a = list(choose(g, problem))
         held, peak = peak_model(problem, g, microbatches).evaluate(np.array([a]))[0, 1:]
         times.append(problem.cost_graph.cost(a)[0])

@@ -20,7 +20,7 @@ from .opgraph import OpGraph
 from .placement import format_placements
 from .plan import OpChoice, Plan
 from .peakmodel import peak_model as build_peak_model
-from .planner import SPLIT_BATCH, SPLIT_NONE, SPLIT_OTHER, MeshProblem, returned_ops
+from .planner import SPLIT_BATCH, SPLIT_NONE, SPLIT_OTHER, MeshProblem, replicate_times, returned_ops
 from .strategy import output_placements
 from .training import TrainingConfig
 
@@ -90,6 +90,11 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     # per operator, its configuration's costs (``MeshProblem.cost_fields``), as vectors
     pick = np.asarray(a[:n_ops], dtype=np.int64)
     f = {name: table[np.arange(n_ops), pick] for name, table in problem.cost_fields.items()}
+    fsdp = problem.replicate_time_s is not None and problem.is_replicate(a)[0]
+    if fsdp:            # FSDP2 runs it: priced apart (``MeshProblem.replicate_time_s``)
+        f = {name: np.array([getattr(c, name) for c in problem.replicate_costs]) for name in f}
+        terms = terms.copy()
+        terms[:n_ops, 0] = replicate_times(terms[:n_ops, 0], problem.replicate_time_s)
     rec = np.zeros(n_ops, dtype=bool)
     rec[list(recomputed_ops)] = True
     keeps = np.zeros(n_ops, dtype=bool)

@@ -27,14 +27,17 @@ import numpy as np
 
 from .costmodel import CostModel, NodeCost, edge_tables
 from .engine import CostGraph
-from .execution import gradient_group, latency_shares
+from .engine.costgraph import total
+from .engine.bounds import LowerBound, lower_bound
+from .execution import batch_statistics_axes, gradient_group, latency_shares
 from .mesh import Mesh
 from .opgraph import OpGraph, Operator
 from .recompute import kept_outputs
 from .strategy import OpConfig, enumerate_configs, term_placements
 from .traffic import grad_partial, owners, tied_copy, tied_use_moves, tied_uses
 
-__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops"]
+__all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops", "replicate_configs",
+           "replicate_times"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -69,6 +72,48 @@ class MeshProblem:
     resaved: tuple = ()
     recompute_policy: str = "full"                # what a recomputed unit keeps (``recompute``)
     recompute_kept: frozenset = frozenset()       # operators whose output a recomputed unit keeps
+    # per operator its configuration in the plan FSDP2 runs (``replicate_configs``), or None
+    # (the peak model prices FSDP2's holdings for it only where it is ``fsdp_holdings_priced``)
+    replicate_configs: np.ndarray | None = None
+    # per operator, what that plan's time differs by from its price in ``cost_graph``: FSDP2
+    # groups the parameter collectives the DTensor runner issues one by one under ZeRO-2/3
+    # (``execution.groups_parameter_collectives``) and runs the model's own code, not each
+    # operator on DTensor (``CostTerms.per_dtensor_op_s``); None where it does not differ
+    replicate_time_s: np.ndarray | None = None
+    replicate_costs: tuple = ()                   # per operator, its NodeCost in that plan
+
+    @property
+    def fsdp_holdings_priced(self) -> bool:
+        """Whether the peak model prices FSDP2's own holdings for the plan it runs. Not for
+        ZeRO-1, which with one micro-batch runs as ZeRO-2 (``plan_for`` prices it so) and as
+        itself only while accumulating, nor for any accumulating plan: FSDP2's holdings over
+        micro-batches are not priced (the search does not offer ZeRO-1); such a plan's peak is
+        priced as the DTensor runner's, its time as FSDP2's."""
+        return self.replicate_configs is not None and not self.accumulates and self.zero_stage != 1
+
+    def is_replicate(self, assignments) -> np.ndarray:
+        """Per assignment (configuration per operator, then per unit), whether FSDP2 runs it."""
+        a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+        if self.replicate_configs is None:
+            return np.zeros(len(a), dtype=bool)
+        return (a[:, :len(self.configs)] == self.replicate_configs).all(axis=1)
+
+    def lower_bound(self) -> LowerBound:
+        """``engine.lower_bound`` of the cost graph, less what FSDP2's plan saves on it."""
+        bound = lower_bound(self.cost_graph)
+        if self.replicate_time_s is not None:
+            bound = bound.faster_by(-float(np.minimum(self.replicate_time_s, 0.0).sum()))
+        return bound
+
+    def time_of(self, assignment) -> float:
+        """The step time of one assignment, as a plan of it is priced (``cost_graph`` and,
+        for the plan FSDP2 runs, ``replicate_time_s``)."""
+        terms = self.cost_graph.terms(assignment)
+        if self.replicate_time_s is not None and self.is_replicate(assignment)[0]:
+            terms = terms.copy()
+            n = len(self.configs)
+            terms[:n, 0] = replicate_times(terms[:n, 0], self.replicate_time_s)
+        return float(total(terms)[0])
 
     def recompute_node(self, unit: int) -> int:
         return len(self.configs) + unit
@@ -128,6 +173,32 @@ class MeshProblem:
         return act, trans, out, regathered
 
 
+def replicate_times(times: np.ndarray, replicate_time_s: np.ndarray) -> np.ndarray:
+    """Operators' times in the cost graph (per operator, or any shape that broadcasts) as the
+    plan FSDP2 runs prices them (``MeshProblem.replicate_time_s``): the one place that
+    sum is made, so every caller gets the same bits."""
+    return np.maximum(times + replicate_time_s, 0.0)
+
+
+def replicate_configs(graph: OpGraph, configs, mesh_shape) -> np.ndarray | None:
+    """Per operator, its configuration in the plan the apply layer runs with FSDP2
+    ``replicate`` (every axis of more than one device splits the batch of every batched
+    operator while the others replicate, and no batch statistics are synchronised) -- or,
+    under ZeRO, FSDP2 ``fully_shard`` -- or None when no plan of this problem runs that way
+    (an operator with no such configuration; pipeline stages, which the caller leaves out)."""
+    if any(n > 1 for n in mesh_shape) and not any(op.batched for op in graph.operators):
+        return None
+    out = []
+    for op, cfgs in zip(graph.operators, configs):
+        want = "b" if op.batched else None
+        hits = [j for j, c in enumerate(cfgs)
+                if all(s == want for s, n in zip(c.splits, mesh_shape) if n > 1) and not batch_statistics_axes(op, c)]
+        if len(hits) != 1:
+            return None
+        out.append(hits[0])
+    return np.array(out, dtype=np.int64)
+
+
 def _skips(graph: OpGraph) -> tuple[tuple[int, int], ...]:
     last: dict[int, int] = {}
     for e in graph.edges:
@@ -168,7 +239,8 @@ def _signature(op: Operator, owns: bool) -> tuple:
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,
                   recompute: bool = True, activation_factor: float = 1.0, comm_factor: float = 1.0,
                   batch_only_axes: tuple[int, ...] = (), accumulates: bool = False,
-                  recompute_policy: str = "full", update_factor: float | None = None) -> MeshProblem:
+                  recompute_policy: str = "full", update_factor: float | None = None,
+                  pipeline_stage: bool = False) -> MeshProblem:
     """``recompute_policy``: what a recomputed unit keeps (``recompute.POLICIES``).
     ``activation_factor`` multiplies saved activations (micro-batches in flight in a
     pipeline stage); ``comm_factor`` multiplies parameter-gradient traffic (once per
@@ -176,7 +248,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     (default ``comm_factor``) the optimizer's update. ``batch_only_axes``:
     mesh axes on which operators may only split the batch or replicate (data parallel);
     ``accumulates``: parameter gradients are summed over micro-batches (each micro-batch's
-    gradient is a temporary before it is added)."""
+    gradient is a temporary before it is added); ``pipeline_stage``: a stage of a pipeline,
+    which the apply layer runs on DTensor whatever its configurations (no FSDP2 plan)."""
     own = owners(graph)
     sigs = [_signature(op, o) for op, o in zip(graph.operators, own)]
     # like operators share their configurations and costs, within a problem and across the
@@ -243,9 +316,24 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     cg = CostGraph.build(nodes, edges, blocks=blocks)
     copies = _tied_copies(graph, configs, mesh, cost_model, zero_stage)
     resaved = _resaved_copies(graph, configs, mesh, cost_model, ahead_of, sigs, batch_only_axes)
+    rep = None if pipeline_stage else replicate_configs(graph, configs, mesh.shape)
+    rep_s, fsdp = None, []
+    if rep is not None and mesh.size > 1:
+        for i, (op, o, sig) in enumerate(zip(graph.operators, own, sigs)):
+            cfg = configs[i][rep[i]]
+            key = ("fsdp", sig, tuple(shares.get(p, 1.0) for p in op.param_names if p is not None), mesh,
+                   zero_stage, cfg)
+            if key not in cache:
+                cache[key] = cost_model.node_cost(op, cfg, mesh, owns_params=o, zero_stage=zero_stage,
+                                                  latency_shares=shares, fsdp=True)
+            fsdp.append(cache[key])
+        ran = [costs[i][rep[i]] for i in range(len(rep))]
+        rep_s = np.array([(f.compute_s - c.compute_s) + comm_factor * (f.comm_s - c.comm_s) for f, c in zip(fsdp, ran)])
+        if not rep_s.any():
+            rep_s, fsdp = None, ()
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
-                       copies, resaved, recompute_policy, kept_outs)
+                       copies, resaved, recompute_policy, kept_outs, rep, rep_s, tuple(fsdp))
 
 
 def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict, sigs,

@@ -103,18 +103,18 @@ def flatten(moves: list[Move]) -> list[Collective]:
 
 def operator_moves(op: Operator, cfg: OpConfig, shape: Sequence[int], training: TrainingConfig,
                    owns_params: bool = True, zero_stage: int = 0,
-                   latency_shares: Mapping[str, float] | None = None) -> list[Move]:
+                   latency_shares: Mapping[str, float] | None = None, fsdp: bool = False) -> list[Move]:
     """An operator's own collectives in configuration ``cfg`` (see module doc), one move per
     parameter and axis (its gradient's reduction and its ZeRO gathers) and per axis its
     BatchNorm statistics cross; ``owns_params=False`` for a later user of a tied parameter
     (its gradient is reduced at the first user). ``latency_shares``: per parameter, the
     share of the fixed costs its collectives carry where they go out with its group's
     (``execution.latency_shares``, ``execution.groups_parameter_collectives``); None: each
-    pays them in full."""
+    pays them in full. ``fsdp``: the plan runs under FSDP2 (``execution.runs_replicated``)."""
     out: list[Move] = []
     terms, _ = op.terms
     bp, bg, _ = training.state_bytes_per_param
-    grouped = latency_shares is not None and groups_parameter_collectives(cfg, shape, zero_stage)
+    grouped = latency_shares is not None and groups_parameter_collectives(cfg, shape, zero_stage, fsdp)
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None or not owns_params:
             continue
@@ -146,9 +146,10 @@ def operator_moves(op: Operator, cfg: OpConfig, shape: Sequence[int], training: 
 
 def operator_collectives(op: Operator, cfg: OpConfig, shape: Sequence[int], training: TrainingConfig,
                          owns_params: bool = True, zero_stage: int = 0,
-                         latency_shares: Mapping[str, float] | None = None) -> list[Collective]:
+                         latency_shares: Mapping[str, float] | None = None, fsdp: bool = False
+                         ) -> list[Collective]:
     """:func:`operator_moves`, one collective after another."""
-    return flatten(operator_moves(op, cfg, shape, training, owns_params, zero_stage, latency_shares))
+    return flatten(operator_moves(op, cfg, shape, training, owns_params, zero_stage, latency_shares, fsdp))
 
 
 def axis_divisor(want: Sequence[Placement], shape: Sequence[int], a: int) -> int:

@@ -250,3 +250,94 @@ def test_a_groups_parameters_share_one_collectives_fixed_costs():
                 sharded += 1
                 assert all((x.latency_share == 1.0) == (zero >= 2) for x in mine), (zero, op.name)
         assert sharded
+
+
+def test_zero_2_and_3_batch_only_operators_pay_per_parameter_unless_fsdp_runs_the_plan():
+    """Under ZeRO-2 and -3 the DTensor runner moves every parameter on its own, a batch-only
+    operator's too, each one call; FSDP2, which runs the plan whose every operator splits the
+    batch, groups them. The cost graph prices the first, and that one plan apart
+    (``MeshProblem.replicate_time_s``): its plan, the search's and ``plan_for``'s, is priced
+    grouped, and the priced list of collectives says so."""
+    from tensoropt.cost_terms import CostTerms
+    from tensoropt.mesh import mesh_for
+    from tensoropt.plan_builder import assignment_of
+    from tensoropt.planner import build_problem
+    from tensoropt.traffic import owners
+
+    graph = _graph("gpt-tiny")
+    cluster = parse_devices("cpu:2")
+    mesh = mesh_for((2,), cluster)
+    training = TrainingConfig("fp32")
+    per_call = 1e-3
+    cm = CostModel(cluster.device, training=training, terms=CostTerms(per_collective_s=per_call))
+    shares = latency_shares(graph)
+    for zero in (2, 3):
+        problem = build_problem(graph, mesh, cm, zero_stage=zero)
+        rep = problem.replicate_configs
+        assert rep is not None and problem.replicate_time_s is not None
+        checked = 0
+        for i, (op, owns) in enumerate(zip(graph.operators, owners(graph))):
+            cfg = problem.configs[i][rep[i]]
+            calls = operator_collectives(op, cfg, mesh.shape, training, owns, zero, shares)
+            if not any(is_parameter_collective(c) for c in calls):
+                assert problem.replicate_time_s[i] == 0
+                continue
+            assert not model_parallel(cfg, mesh.shape)
+            assert all(c.latency_share == 1.0 for c in calls), op.name
+            grouped = operator_collectives(op, cfg, mesh.shape, training, owns, zero, shares, fsdp=True)
+            assert [c.bytes for c in grouped] == [c.bytes for c in calls]
+            assert all(c.latency_share < 1.0 for c in grouped if is_parameter_collective(c)), op.name
+            # one call each: the fitted per-call term and a ring's latency per parameter
+            saved = -problem.replicate_time_s[i]
+            assert saved > per_call * sum(1 - c.latency_share for c in grouped), op.name
+            checked += 1
+        assert checked >= 4
+        a = list(rep) + [0] * len(problem.units)
+        assert problem.time_of(a) == pytest.approx(problem.cost_graph.cost(a)[0] + problem.replicate_time_s.sum())
+        assert problem.time_of(a) < problem.cost_graph.cost(a)[0]
+        # a plan that also splits a weight runs on DTensor: priced as its cost graph says
+        other = list(a)
+        i = next(i for i, op in enumerate(graph.operators) if any(op.param_names)
+                 and any(model_parallel(c, mesh.shape) for c in problem.configs[i]))
+        other[i] = next(j for j, c in enumerate(problem.configs[i]) if model_parallel(c, mesh.shape))
+        assert problem.time_of(other) == problem.cost_graph.cost(other)[0]
+
+        plan = tensoropt.plan_for("gpt-tiny", "cpu:2", dp=2, zero=zero)
+        assert apply_mode(graph, plan) == "replicate"
+        default = CostModel(cluster.device, training=TrainingConfig.of_plan(plan.training))
+        fresh = build_problem(graph, mesh, default, zero_stage=zero, recompute=False)
+        fa = assignment_of(plan, fresh, graph)
+        assert fresh.is_replicate(fa)[0]
+        assert plan.time_s == pytest.approx(fresh.time_of(fa), rel=1e-12)
+        assert plan.time_s < fresh.cost_graph.cost(fa)[0]
+        colls = predicted_collectives(plan, graph)
+        assert default.price(colls, mesh) == pytest.approx(plan.breakdown["comm_s"] + plan.breakdown["relayout_s"],
+                                                           rel=1e-12)
+        assert all(c.latency_share < 1.0 for c in colls if is_parameter_collective(c))
+
+
+def test_a_search_prices_the_dtensor_runners_per_operator_cost_on_every_plan_but_fsdp2s(tmp_path):
+    """``per_dtensor_op_s`` charges every operator of a plan the DTensor runner runs; the plan
+    FSDP2 runs (every operator splitting the batch) does not pay it. With the term large, that
+    plan must be the frontier's fastest, at its own price: the search, its bounds and the
+    plan's price all see the FSDP2 plan apart."""
+    from tensoropt.calibration import step_features
+    from tensoropt.cost_terms import CostTerms
+
+    path = tmp_path / "terms.json"
+    terms = CostTerms(per_dtensor_op_s=0.5)
+    terms.save(path)
+    f = tensoropt.frontier("mlp-tiny", "cpu:2", pipeline=False, progress=False, max_mesh_dims=1,
+                           calibration=str(path))
+    graph = _graph("mlp-tiny")
+    fastest = min(f.plans, key=lambda p: p.time_s)
+    assert apply_mode(graph, fastest) == "replicate", fastest.summary
+    feats = step_features(fastest, graph)
+    assert feats["dtensor_ops"] == 0
+    assert terms.predict(feats) == pytest.approx(fastest.time_s, rel=1e-9)
+    slow = [p for p in f.plans if apply_mode(graph, p) == "dtensor"]
+    assert slow, "the frontier keeps DTensor plans (less memory)"
+    for p in slow:
+        feats = step_features(p, graph)
+        assert feats["dtensor_ops"] == len(graph.operators)
+        assert terms.predict(feats) == pytest.approx(p.time_s, rel=1e-9)

@@ -127,13 +127,20 @@ def test_step_features_of_a_frontier_plan():
     dp = f.reference["data parallel"]
     feats = step_features(dp, graph)
     assert feats["sharded_ops"] == 0                           # all axes data-parallel
-    assert feats["collective_calls"] == 0                      # its gradient reductions are bucketed
+    assert feats["dtensor_ops"] == 0                           # FSDP2 runs it on the model's own code
+    # its gradient reductions go out one call for the root group (mlp-small has no blocks)
+    assert feats["collective_calls"] == pytest.approx(1.0)
     assert feats["grad_comm_s"] > 0 and feats["matmul_s"] > 0
     assert CostTerms().predict(feats) == pytest.approx(dp.time_s)
     tp = next(p for p in f.plans if "tp" in p.summary)
     feats = step_features(tp, graph)
     assert feats["sharded_ops"] > 0 and feats["collective_calls"] > 0
+    assert feats["dtensor_ops"] == len(graph.operators)       # the DTensor runner runs every one
     assert CostTerms().predict(feats) == pytest.approx(tp.time_s)
+    # a search with the term prices it so: the FSDP2 plan without it, any other with it
+    terms = CostTerms(per_dtensor_op_s=1e-3)
+    assert terms.predict(step_features(dp, graph)) == pytest.approx(dp.time_s)
+    assert terms.predict(feats) == pytest.approx(tp.time_s + 1e-3 * len(graph.operators))
 
 
 @pytest.mark.parametrize("policy", ["full", "op"])

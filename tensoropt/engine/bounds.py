@@ -53,6 +53,12 @@ class LowerBound:
         timed = a > 0
         return float(max(self.time_min, np.max((c[timed] - b[timed] * budget) / a[timed], initial=0.0)))
 
+    def faster_by(self, seconds: float) -> "LowerBound":
+        """The bound of the same plans, some of which may take up to ``seconds`` less."""
+        lines = self.lines.copy()
+        lines[:, 2] -= lines[:, 0] * seconds
+        return LowerBound(lines, self.time_min - seconds, self.memory_min)
+
     def shifted(self, memory: float) -> "LowerBound":
         """The bound of the same plans holding ``memory`` more bytes each."""
         lines = self.lines.copy()

@@ -100,16 +100,18 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
 _FRONTIERS: dict = {}
 
 
-def get_frontier(key: str, world: int, extras: bool = True, pipeline: bool = True):
+def get_frontier(key: str, world: int, extras: bool = True, pipeline: bool = True, recompute: bool | None = None):
     """The frontier over cpu:world; ``extras=False``: without ZeRO and recomputation;
-    ``pipeline=False``: without pipeline stages."""
-    if (key, world, extras, pipeline) not in _FRONTIERS:
+    ``pipeline=False``: without pipeline stages; ``recompute`` (default ``extras``): with
+    recomputation."""
+    recompute = extras if recompute is None else recompute
+    if (key, world, extras, pipeline, recompute) not in _FRONTIERS:
         meta = make_model(key, "meta")
         graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
         f = tensoropt.frontier(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), progress=False,
-                               zero=extras, recompute=extras, pipeline=pipeline)
-        _FRONTIERS[(key, world, extras, pipeline)] = (f, graph)
-    return _FRONTIERS[(key, world, extras, pipeline)]
+                               zero=extras, recompute=recompute, pipeline=pipeline)
+        _FRONTIERS[(key, world, extras, pipeline, recompute)] = (f, graph)
+    return _FRONTIERS[(key, world, extras, pipeline, recompute)]
 
 
 def pick_plan(f, which: str, world: int, graph):
