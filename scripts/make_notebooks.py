@@ -500,9 +500,11 @@ pd.DataFrame([{"model": name, "data parallel GiB": f.reference["data parallel"].
 """),
     md("""
 BERT-large fits by plain data parallelism. LLaMA-3-8B does not: data parallelism needs
-more than the device, while the frontier's fastest plan fits with room to spare (at the
-time of writing ZeRO-2 over the 8 devices: gradients and optimizer state sharded, about
-40 GiB). Down each frontier, memory is bought back with ZeRO-3, recomputation and, for
+more than the device. The frontier's fastest plan does not fit either (at the time of
+writing the batch split over the 8 devices, with a few operators in other layouts, and
+every device holding the whole optimizer state), but a plan within 1 % of its time does,
+with room to spare: the same with ZeRO-2 (gradients and optimizer state sharded, about
+40 GiB), whose collectives the DTensor runner issues one parameter at a time. Down each frontier, memory is bought back with ZeRO-3, recomputation and, for
 LLaMA-3-8B, pipeline stages with tensor parallelism inside each; the table names each
 frontier's two ends.
 
@@ -568,7 +570,9 @@ print(f"CHECK language dp_bytes={dp.peak_memory_bytes!r} budget_bytes={budget} p
 if RUN_LARGE:
     llama = large["llama3-8b"]
     assert llama.reference["data parallel"].peak_memory_bytes > llama.device_memory_bytes   # DP does not fit
-    assert llama.min_time().peak_memory_bytes <= llama.device_memory_bytes              # the fastest plan does
+    llama_fits = llama.best()                                                             # a plan that does
+    assert llama_fits.peak_memory_bytes <= llama.device_memory_bytes
+    assert llama_fits.time_s <= 1.01 * llama.min_time().time_s                            # at about the fastest's time
     assert gpt3.stats["search_space"]["coarse"]
     assert gpt3.reference["data parallel"].peak_memory_bytes > gpt3.device_memory_bytes
     fits = gpt3.best()                                                                    # the fastest that fits
@@ -578,7 +582,7 @@ if RUN_LARGE:
     assert fits.mesh_shape[-1] <= GPT3_PER_NODE                                           # tensor parallel in a node
     print(f"CHECK large device_bytes={gpt3.device_memory_bytes!r} "
           f"llama_dp_bytes={llama.reference['data parallel'].peak_memory_bytes!r} "
-          f"llama_plan_bytes={llama.min_time().peak_memory_bytes!r} "
+          f"llama_plan_bytes={llama_fits.peak_memory_bytes!r} "
           f"gpt3_dp_bytes={gpt3.reference['data parallel'].peak_memory_bytes!r} "
           f"gpt3_plan_bytes={fits.peak_memory_bytes!r} gpt3_mesh={fits.mesh} "
           f"gpt3_pipeline={fits.mesh_shape[0] if fits.stages else 1} gpt3_microbatches={fits.microbatches} "
