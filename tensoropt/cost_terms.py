@@ -15,9 +15,10 @@ where each feature is what the uncalibrated cost model adds up: compute of matri
 operators (linear, matmul, attention, conv) and of the rest, layout moves on edges and tied
 parameters, an operator's own collectives (gradient reductions, ZeRO gathers), pipeline
 sends; collective calls, one per collective, a parameter collective issued with its
-group's (``execution.groups_parameter_collectives``) counting its share of one; operators that split something other than the batch over a mesh axis
-(operator-level layouts); operators the DTensor runner runs one by one, every operator of a
-plan on a mesh of more than one device except the plan FSDP2 runs on the model's own code
+group's (``execution.groups_parameter_collectives``) counting its share of one; operators
+that split something other than the batch over a mesh axis (operator-level layouts);
+operators the DTensor runner runs one by one, every operator of a plan on a mesh of more
+than one device except the plan FSDP2 runs on the model's own code
 (``execution.runs_replicated``: DTensor's dispatch and sharding propagation per operator,
 forward and backward); the parameter elements this device updates.
 ``validate.fit`` fits them on measured steps, ``scripts/validate_published.py`` on published

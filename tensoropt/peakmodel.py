@@ -309,7 +309,7 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
 
     additive = [Term((v,), cut((v,), c)) for v, c in enumerate(cg.node_costs)]
     if fixed is not None and problem.replicate_time_s is not None:
-        # FSDP2 groups the parameter collectives the cost graph prices one by one
+        # the plan FSDP2 runs: its own node times (``MeshProblem.replicate_time_s``)
         for v, d in enumerate(problem.replicate_time_s):
             if d:
                 table = additive[v].table.copy()

@@ -268,8 +268,8 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
         g, _ = sub_graph(mb_graph, spec.ops)
         problem = build_problem(g, mesh, cm, zero_stage=0, recompute=recompute,
                                 activation_factor=spec.in_flight, comm_factor=1.0 / scale,
-                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True, pipeline_stage=True,
-                                recompute_policy=recompute_policy)
+                                batch_only_axes=space.batch_only_axes(mesh, sub), accumulates=True,
+                                pipeline_stage=True, recompute_policy=recompute_policy)
         built.append((g, problem))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
     bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
