@@ -61,7 +61,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .engine.peakgraph import PeakGraph, Region, SumTerm, Term
-from .planner import MeshProblem, recompute_units, replicate_times
+from .planner import MeshProblem, recompute_units, replicate_times, takes_configs
 
 __all__ = ["PeakModel", "peak_model", "EXACT_SEARCH_ROWS"]
 
@@ -127,10 +127,7 @@ class PeakModel:
         return self.build_block()
 
     def is_replicate(self, assignments: np.ndarray) -> np.ndarray:
-        a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
-        if self.replicate_configs is None:
-            return np.zeros(len(a), dtype=bool)
-        return (a[:, :self.n_ops] == self.replicate_configs).all(axis=1)
+        return takes_configs(assignments, self.replicate_configs)
 
     def evaluate(self, assignments: np.ndarray) -> np.ndarray:
         """(time, end-of-forward memory, peak) per assignment (operators, then units)."""

@@ -90,8 +90,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
     # per operator, its configuration's costs (``MeshProblem.cost_fields``), as vectors
     pick = np.asarray(a[:n_ops], dtype=np.int64)
     f = {name: table[np.arange(n_ops), pick] for name, table in problem.cost_fields.items()}
-    fsdp = problem.replicate_time_s is not None and problem.is_replicate(a)[0]
-    if fsdp:            # FSDP2 runs it: priced apart (``MeshProblem.replicate_time_s``)
+    if problem.priced_apart(a):      # FSDP2 runs it (``MeshProblem.replicate_time_s``)
         f = {name: np.array([getattr(c, name) for c in problem.replicate_costs]) for name in f}
         terms = terms.copy()
         terms[:n_ops, 0] = replicate_times(terms[:n_ops, 0], problem.replicate_time_s)

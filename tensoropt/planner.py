@@ -37,7 +37,7 @@ from .strategy import OpConfig, enumerate_configs, term_placements
 from .traffic import grad_partial, owners, tied_copy, tied_use_moves, tied_uses
 
 __all__ = ["MeshProblem", "build_problem", "owners", "recompute_units", "returned_ops", "replicate_configs",
-           "replicate_times"]
+           "replicate_times", "takes_configs"]
 
 _UNIT = re.compile(r"^(.*?\blayers\.\d+)(?:\.|$)")
 
@@ -93,10 +93,11 @@ class MeshProblem:
 
     def is_replicate(self, assignments) -> np.ndarray:
         """Per assignment (configuration per operator, then per unit), whether FSDP2 runs it."""
-        a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
-        if self.replicate_configs is None:
-            return np.zeros(len(a), dtype=bool)
-        return (a[:, :len(self.configs)] == self.replicate_configs).all(axis=1)
+        return takes_configs(assignments, self.replicate_configs)
+
+    def priced_apart(self, assignment) -> bool:
+        """Whether one assignment is FSDP2's plan at a price other than the cost graph's."""
+        return self.replicate_time_s is not None and bool(self.is_replicate(assignment)[0])
 
     def lower_bound(self) -> LowerBound:
         """``engine.lower_bound`` of the cost graph, less what FSDP2's plan saves on it."""
@@ -109,7 +110,7 @@ class MeshProblem:
         """The step time of one assignment, as a plan of it is priced (``cost_graph`` and,
         for the plan FSDP2 runs, ``replicate_time_s``)."""
         terms = self.cost_graph.terms(assignment)
-        if self.replicate_time_s is not None and self.is_replicate(assignment)[0]:
+        if self.priced_apart(assignment):
             terms = terms.copy()
             n = len(self.configs)
             terms[:n, 0] = replicate_times(terms[:n, 0], self.replicate_time_s)
@@ -171,6 +172,15 @@ class MeshProblem:
         out = tuple(np.array([c.output_bytes for c in costs]) for costs in self.node_costs)
         regathered = tuple(np.array([c.regathered_bytes for c in costs]) for costs in self.node_costs)
         return act, trans, out, regathered
+
+
+def takes_configs(assignments, configs: np.ndarray | None) -> np.ndarray:
+    """Per assignment (rows: configuration per operator, then per unit), whether its
+    operators take exactly ``configs`` (one per operator; None: no assignment does)."""
+    a = np.atleast_2d(np.asarray(assignments, dtype=np.int64))
+    if configs is None:
+        return np.zeros(len(a), dtype=bool)
+    return (a[:, :len(configs)] == configs).all(axis=1)
 
 
 def replicate_times(times: np.ndarray, replicate_time_s: np.ndarray) -> np.ndarray:
@@ -256,10 +266,10 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     # problems of one cost model (pipeline stages at one micro-batch size, on one mesh)
     cache = cost_model.node_cache
     shares = latency_shares(graph)
+    share_keys = [tuple(shares.get(p, 1.0) for p in op.param_names if p is not None) for op in graph.operators]
     configs, costs = [], []
-    for op, o, sig in zip(graph.operators, own, sigs):
-        key = (sig, tuple(shares.get(p, 1.0) for p in op.param_names if p is not None), mesh, zero_stage,
-               batch_only_axes)
+    for op, o, sig, sk in zip(graph.operators, own, sigs, share_keys):
+        key = (sig, sk, mesh, zero_stage, batch_only_axes)
         if key not in cache:
             cfgs = tuple(c for c in enumerate_configs(op, mesh)
                          if all(c.splits[a] in (None, "b") for a in batch_only_axes))
@@ -319,10 +329,9 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
     rep = None if pipeline_stage else replicate_configs(graph, configs, mesh.shape)
     rep_s, fsdp = None, []
     if rep is not None and mesh.size > 1:
-        for i, (op, o, sig) in enumerate(zip(graph.operators, own, sigs)):
+        for i, (op, o, sig, sk) in enumerate(zip(graph.operators, own, sigs, share_keys)):
             cfg = configs[i][rep[i]]
-            key = ("fsdp", sig, tuple(shares.get(p, 1.0) for p in op.param_names if p is not None), mesh,
-                   zero_stage, cfg)
+            key = ("fsdp", sig, sk, mesh, zero_stage, cfg)
             if key not in cache:
                 cache[key] = cost_model.node_cost(op, cfg, mesh, owns_params=o, zero_stage=zero_stage,
                                                   latency_shares=shares, fsdp=True)
