@@ -270,23 +270,31 @@ def _solve_jobs(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster,
 def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cluster, space: SearchSpace,
                       cost_for, options: SearchOptions, shapes, accumulating, workers: int, bar):
     """What ``mesh_jobs``, ``pipeline_jobs`` and the accumulation jobs build, in the same
-    order, built in forked workers (``search_pool.fork_map``). The model at each micro-batch
-    size is captured here (capture runs torch, which stays in this process) while the first
-    workers build the meshes' jobs, which need the model at its own batch only; the pipeline
-    and accumulation jobs are built by workers forked after it."""
+    order, built in forked workers (``search_pool.fork_map``). The first workers capture the
+    model at the micro-batch sizes that need a capture of their own (``Recapture.captures_for``:
+    each takes as long as the first capture, so they start first and side by side) and build
+    the meshes' jobs, which need the model at its own batch only; the other micro-batch sizes
+    are interpolated here, and the pipeline and accumulation jobs are built by workers forked
+    after."""
     mb_ctx = {}
+    counts = [m for _, m, _ in shapes] + [m for m, _ in accumulating]
+    captured = recapture.captures_for([ctx.graph.batch_size // m for m in counts]) if counts else []
 
     def capture_micro_batches() -> None:
-        for m in [m for _, m, _ in shapes] + [m for m, _ in accumulating]:
+        for m in counts:
             if m not in mb_ctx:
                 mb_ctx[m] = replace(ctx, graph=recapture(ctx.graph.batch_size // m))
         memguard.check()
 
     def done(result) -> None:
-        if bar is not None:
+        if bar is not None and not isinstance(result, OpGraph):
             bar.update(len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, list) else 1)
     meshes = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
-    built = fork_map(meshes, workers, done, meanwhile=capture_micro_batches)
+    built = fork_map([partial(recapture.capture_at, b) for b in captured] + meshes, workers, done)
+    for b, graph in zip(captured, built):
+        recapture.add(b, graph)
+    built = built[len(captured):]
+    capture_micro_batches()
     calls = [partial(pipeline_job, mb_ctx[m], cluster, space, cost_for, options, p, m, mesh) for p, m, mesh in shapes]
     calls += [partial(accumulation_jobs_on, mb_ctx[m], ctx.graph, cluster, space, cost_for, options, m, mesh)
               for m, mesh in accumulating]

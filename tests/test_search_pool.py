@@ -268,3 +268,15 @@ def test_a_search_in_a_distributed_rank_stays_in_one_process_unless_told(monkeyp
     finally:
         dist.destroy_process_group()
     assert SearchOptions().worker_count() == usable_cpus()
+
+
+def test_the_micro_batch_captures_workers_take_are_the_ones_recapture_would_make():
+    from tensoropt.capture.recapture import capture_model
+
+    graph, _, recapture = capture_model("gpt-tiny", batch_size=16)
+    # a batch of one is always captured; of the others only the first, which fixes the interpolation
+    assert recapture.captures_for([8, 4, 8, 1, 2]) == [8, 1]
+    recapture.add(8, recapture.capture_at(8))        # as the search does with a worker's capture
+    assert recapture.captures_for([8, 4, 1, 2]) == [1]
+    assert recapture(4) == recapture.capture_at(4)   # interpolated from the two, as captured
+    assert recapture(16) is graph

@@ -32,16 +32,29 @@ class Recapture:
         if b not in self.graphs:
             g = self.at(b) if self.at is not None else None
             if g is None:
-                g = self.capture_at(b)
-                # a batch of one is captured differently (views drop unit dims): the first
-                # capture at another batch is the one that can fit the interpolation
-                if not self.tried and b >= 2:
-                    from .rebatch import interpolator
-
-                    self.tried = True
-                    self.at = interpolator(next(iter(self.graphs.values())), g)
-            self.graphs[b] = g
+                self.add(b, self.capture_at(b))
+            else:
+                self.graphs[b] = g
         return self.graphs[b]
+
+    def add(self, b: int, g: OpGraph) -> None:
+        """Take ``g``, the model captured at batch ``b`` (``capture_at(b)``, run elsewhere)."""
+        self.graphs[b] = g
+        # a batch of one is captured differently (views drop unit dims): the first capture
+        # at another batch is the one that can fit the interpolation
+        if not self.tried and b >= 2:
+            from .rebatch import interpolator
+
+            self.tried = True
+            self.at = interpolator(next(iter(self.graphs.values())), g)
+
+    def captures_for(self, batches) -> list[int]:
+        """The batches of ``batches`` (asked for in that order) that ``self`` would capture
+        rather than interpolate, as far as is known before any of them is captured: a batch
+        of one, and the first other one, which fixes the interpolation."""
+        todo = [b for b in dict.fromkeys(batches) if b not in self.graphs]
+        first = None if self.tried else next((b for b in todo if b >= 2), None)
+        return [b for b in todo if b < 2 or b == first]
 
 
 def capture_model(model: Any, inputs: Any = None, batch_size: int | None = None
