@@ -275,10 +275,12 @@ def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cl
     each takes as long as the first capture, so they start first and side by side) and build
     the meshes' jobs, which need the model at its own batch only; the other micro-batch sizes
     are interpolated here, and the pipeline and accumulation jobs are built by workers forked
-    after."""
+    after. Where this process has initialised CUDA, the captures run here while the workers
+    build (``Recapture.runs_forked``)."""
     mb_ctx = {}
     counts = [m for _, m, _ in shapes] + [m for m, _ in accumulating]
-    captured = recapture.captures_for([ctx.graph.batch_size // m for m in counts]) if counts else []
+    in_workers = bool(counts) and recapture.runs_forked()
+    captured = recapture.captures_for([ctx.graph.batch_size // m for m in counts]) if in_workers else []
 
     def capture_micro_batches() -> None:
         for m in counts:
@@ -290,7 +292,8 @@ def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cl
         if bar is not None and not isinstance(result, OpGraph):
             bar.update(len(result[1]) if isinstance(result, tuple) else len(result) if isinstance(result, list) else 1)
     meshes = [partial(mesh_jobs_on, ctx, cluster, space, cost_for, options, mesh) for mesh in space.meshes(cluster)]
-    built = fork_map([partial(recapture.capture_at, b) for b in captured] + meshes, workers, done)
+    built = fork_map([partial(recapture.capture_at, b) for b in captured] + meshes, workers, done,
+                     meanwhile=None if in_workers else capture_micro_batches)
     for b, graph in zip(captured, built):
         recapture.add(b, graph)
     built = built[len(captured):]

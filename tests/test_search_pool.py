@@ -231,6 +231,29 @@ def test_workers_find_the_frontier_one_process_finds():
         assert p.to_dict() == q.to_dict()
 
 
+def test_where_captures_cannot_run_forked_the_parent_takes_them_to_the_same_frontier(monkeypatch):
+    import tensoropt
+    import tensoropt.search as search
+    from tensoropt.capture.recapture import Recapture
+
+    kw = dict(batch_size=16, max_mesh_dims=1, progress=False, references=False)
+    one = tensoropt.frontier("gpt-tiny", "4xA100-80GB", workers=1, **kw)
+    here = []                   # captures at a micro-batch size that ran in this process
+    capture_model = search.capture_model
+
+    def noting(*args):
+        graph, module, recapture = capture_model(*args)
+        at = recapture.capture_at
+        recapture.capture_at = lambda b: here.append(b) or at(b)
+        return graph, module, recapture
+    monkeypatch.setattr(search, "capture_model", noting)
+    monkeypatch.setattr(Recapture, "runs_forked", staticmethod(lambda: False))
+    two = tensoropt.frontier("gpt-tiny", "4xA100-80GB", workers=2, **kw)
+    assert two.stats["workers"] == 2 and here, here
+    assert any(p.stages for p in two.plans)
+    assert [p.to_dict() for p in two.plans] == [p.to_dict() for p in one.plans]
+
+
 def test_the_parent_works_meanwhile_once_the_workers_are_forked():
     import os
 

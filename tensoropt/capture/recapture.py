@@ -48,6 +48,12 @@ class Recapture:
             self.tried = True
             self.at = interpolator(next(iter(self.graphs.values())), g)
 
+    @staticmethod
+    def runs_forked() -> bool:
+        """Whether ``capture_at`` may run in a forked process: not once this one has
+        initialised CUDA, which a forked child cannot use (a model on a GPU)."""
+        return not torch.cuda.is_initialized()
+
     def captures_for(self, batches) -> list[int]:
         """The batches of ``batches`` (asked for in that order) that ``self`` would capture
         rather than interpolate, as far as is known before any of them is captured: a batch
