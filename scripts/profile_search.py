@@ -45,7 +45,6 @@ CASES = ["llama3-8b:8x8xH100:2", "llama3-8b:8x8xH100:3"]
 # a Pareto sum with at least this many candidate pairs counts as large
 LARGE = 1e8
 
-
 _PATCHED: list = []          # (module, name, the function before): put back after each row
 
 
@@ -135,7 +134,8 @@ def profile(model: str, devices: str, dims: int, batch_size: int | None, workers
     wall = time.perf_counter() - start
     jobs.sort(key=lambda j: -j["s"])
     return {"model": model, "devices": devices, "max_mesh_dims": dims, "batch_size": batch_size,
-            "workers": workers, "wall_s": wall, "timeline": timeline, "plans": len(f.plans), "phases_s": dict(spent), "calls": dict(calls),
+            "workers": workers, "wall_s": wall, "timeline": timeline, "plans": len(f.plans),
+            "phases_s": dict(spent), "calls": dict(calls),
             "jobs": len(jobs), "skipped": f.stats.get("skipped"), "set_aside": f.stats.get("set_aside"),
             "peak_search": f.stats.get("peak_search"), "slowest_jobs": jobs[:12]}
 
