@@ -84,14 +84,12 @@ def _on_timeline(timeline: list, start: float) -> None:
 
     def timed_fork_map(calls, workers, done=None, meanwhile=None):
         t = time.perf_counter()
-        inner = None
-        if meanwhile is not None:
-            def inner():
-                t1 = time.perf_counter()
-                meanwhile()
-                timeline.append({"step": "recapture (meanwhile)", "end_s": time.perf_counter() - start,
-                                 "s": time.perf_counter() - t1})
-        out = fork_map(calls, workers, done, meanwhile=inner)
+        def inner():
+            t1 = time.perf_counter()
+            meanwhile()
+            timeline.append({"step": "recapture (meanwhile)", "end_s": time.perf_counter() - start,
+                             "s": time.perf_counter() - t1})
+        out = fork_map(calls, workers, done, meanwhile=None if meanwhile is None else inner)
         timeline.append({"step": f"build {len(calls)} calls", "end_s": time.perf_counter() - start,
                          "s": time.perf_counter() - t})
         return out
