@@ -39,9 +39,10 @@ from tensoropt.validate.fit import TERMS, CostTerms, fit_calibration  # noqa: E4
 from tensoropt.validate.report import plot_predicted_vs_measured, rel_errors, summarize  # noqa: E402
 
 ABLATION_ORDER = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_dtensor_op_s",
-                  "per_sharded_op_s", "optimizer_s_per_param", "grad_comm_scale", "relayout_scale")
+                  "per_param_tensor_s", "per_dtensor_param_s", "per_sharded_op_s", "optimizer_s_per_param",
+                  "grad_comm_scale", "relayout_scale", "framework_scale", "update_scale")
 DEFAULT_TERMS = ("fixed_s", "matmul_scale", "other_compute_scale", "per_collective_s", "per_sharded_op_s",
-                 "per_dtensor_op_s")
+                 "per_dtensor_op_s", "per_param_tensor_s", "per_dtensor_param_s")
 NOTES = [
     "Wall times come from a 2-core machine; the 1-minute load average while timing is recorded in "
     "overall.*.loadavg_1min_during_timing (other jobs on the machine inflate wall time over process CPU "
@@ -58,7 +59,11 @@ NOTES = [
     "of model-parallel operators and, under ZeRO-2/3 on the DTensor runner, of every parameter (a grouped "
     "gradient reduction, FSDP2's or the DTensor runner's buckets, counts its share of one call; fixed_s "
     "absorbs the rest), sharded_ops the operators that split something besides the batch, dtensor_ops the "
-    "operators the DTensor runner runs one by one (every operator of a plan FSDP2 does not run). "
+    "operators the DTensor runner runs one by one (every operator of a plan FSDP2 does not run), "
+    "param_tensors the parameter tensors a device holds (DTensors under FSDP2 and on the DTensor runner "
+    "alike), dtensor_params those the DTensor runner holds, framework_s and update_s what the measured "
+    "profile prices per operator besides its kernels and for the optimizer's update "
+    "(ComputeModel.op_overhead_s, update_s_per_param). "
     "'earlier_run_calibration' evaluates terms fitted on an earlier run on this run's pairs.",
     "Pipeline plans (pp...) are skipped: tensoropt.parallelize does not lay them out (PlanNotApplicable).",
     "Memory: MemTracker categories at the step's peak are compared with the predicted breakdown per pair "

@@ -10,6 +10,11 @@ Each operator family has its own curve; the defaults below are fitted by hand to
 figures and stay until a measured profile (``tensoropt.profile``) replaces them.
 ``overhead_s`` is a per-call framework/launch cost, charged once per operator call.
 
+A curve may also be keyed ``"family/kind"``, ``kind`` the operator's aten name
+(:func:`operator_kind`): a measured profile fits one on that operator's forward and backward
+where one family curve cannot hold its members (on a CPU a GELU takes several times an
+addition's time per element). Operators without a curve of their own take their family's.
+
 A matrix multiply whose contiguous dimensions are not multiples of 16 bytes cannot use the
 matrix units' aligned kernels: its FLOP term runs at ``misaligned_efficiency[alignment]`` of
 the aligned efficiency, the alignment being the largest power of two (bytes, at most 16)
@@ -25,7 +30,7 @@ from typing import Mapping
 from .hardware import Device
 
 __all__ = ["EfficiencyCurve", "ComputeModel", "default_compute_model", "MATMUL_FAMILIES", "ALIGNED_FAMILIES",
-           "ALIGNED_BYTES", "alignment_bytes"]
+           "ALIGNED_BYTES", "alignment_bytes", "operator_kind", "curve_key"]
 
 #: families whose FLOPs run on the matrix units; the rest are usually memory-bound
 MATMUL_FAMILIES = ("linear", "matmul", "attention", "conv")
@@ -41,6 +46,19 @@ ALIGNED_BYTES = 16
 # dimensions at 250-284. NVIDIA's matrix multiplication guide asks for multiples of 8 FP16
 # elements (16 bytes) for the same reason.
 _GPU_MISALIGNED_EFFICIENCY = {2: 0.17, 4: 0.38, 8: 0.38}
+
+
+def operator_kind(aten) -> str | None:
+    """The kind a curve may be keyed by: the aten name of an operator of one aten op
+    (``("aten.gelu.default",)`` -> ``"gelu"``); None for a fused group."""
+    if len(aten) != 1:
+        return None
+    parts = aten[0].split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
+
+
+def curve_key(family: str, kind: str | None) -> str:
+    return family if kind is None else f"{family}/{kind}"
 
 
 def alignment_bytes(last_dims, itemsize: int) -> int:
@@ -96,10 +114,19 @@ class ComputeModel:
     compute_dtype: str | None = None
     # alignment (bytes, below ALIGNED_BYTES) -> fraction of the aligned efficiency; empty = no penalty
     misaligned_efficiency: Mapping[int, float] = field(default_factory=dict)
+    # Framework time per operator per training step besides its kernels: dispatch, autograd's
+    # bookkeeping and its backward, half in the forward and half in the backward. A CPU runs it
+    # in line with the kernels; a GPU's host queues kernels ahead, so GPU models leave it 0.
+    op_overhead_s: float = 0.0
+    # the optimizer's update, per parameter element a device updates (0: not priced)
+    update_s_per_param: float = 0.0
 
     def __post_init__(self):
         if not 0 < self.memory_efficiency <= 1:
             raise ValueError(f"memory_efficiency must be in (0, 1], got {self.memory_efficiency}")
+        if not (self.op_overhead_s >= 0 and self.update_s_per_param >= 0):
+            raise ValueError(f"op_overhead_s and update_s_per_param must be >= 0, got {self.op_overhead_s}, "
+                             f"{self.update_s_per_param}")
         if not all(0 < v <= 1 for v in self.misaligned_efficiency.values()):
             raise ValueError(f"misaligned efficiencies must be in (0, 1], got {dict(self.misaligned_efficiency)}")
         object.__setattr__(self, "curves", MappingProxyType(dict(self.curves)))
@@ -114,14 +141,19 @@ class ComputeModel:
         below = [a for a in self.misaligned_efficiency if a <= align]
         return self.misaligned_efficiency[max(below) if below else min(self.misaligned_efficiency)]
 
-    def curve(self, family: str) -> EfficiencyCurve:
+    def curve(self, family: str, kind: str | None = None) -> EfficiencyCurve:
+        """The curve of ``kind`` (:func:`operator_kind`) where there is one, else the family's."""
+        if kind is not None:
+            keyed = self.curves.get(curve_key(family, kind))
+            if keyed is not None:
+                return keyed
         return self.curves.get(family, self.default_curve)
 
     def time_s(self, family: str, flops: float, nbytes: float, device: Device, dtype: str = "fp32",
-               align: int = ALIGNED_BYTES) -> float:
-        """One call of an operator of ``family`` doing ``flops`` and moving ``nbytes`` on ``device``,
-        its contiguous dimensions aligned to ``align`` bytes."""
-        curve = self.curve(family)
+               align: int = ALIGNED_BYTES, kind: str | None = None) -> float:
+        """One call of an operator of ``family`` (and ``kind``) doing ``flops`` and moving
+        ``nbytes`` on ``device``, its contiguous dimensions aligned to ``align`` bytes."""
+        curve = self.curve(family, kind)
         peak = device.peak_flops(self.compute_dtype or dtype)
         eff = curve.efficiency(flops) * self.alignment_factor(family, align)
         t_flops = flops / (peak * eff) if flops > 0 else 0.0
@@ -138,6 +170,8 @@ class ComputeModel:
             "memory_efficiency": self.memory_efficiency,
             "compute_dtype": self.compute_dtype,
             "misaligned_efficiency": {str(k): v for k, v in sorted(self.misaligned_efficiency.items())},
+            "op_overhead_s": self.op_overhead_s,
+            "update_s_per_param": self.update_s_per_param,
         }
 
     @staticmethod
@@ -149,6 +183,8 @@ class ComputeModel:
                 memory_efficiency=float(d["memory_efficiency"]),
                 compute_dtype=d.get("compute_dtype"),
                 misaligned_efficiency={int(k): float(v) for k, v in d.get("misaligned_efficiency", {}).items()},
+                op_overhead_s=float(d.get("op_overhead_s", 0.0)),
+                update_s_per_param=float(d.get("update_s_per_param", 0.0)),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a compute model: {err}") from None

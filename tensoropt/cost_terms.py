@@ -8,8 +8,10 @@ is exact for the calibrated model. A step's time is linear in the terms::
 
     t = matmul_scale · matmul_s + other_compute_scale · other_compute_s
         + relayout_scale · relayout_s + grad_comm_scale · grad_comm_s + p2p_scale · p2p_s
+        + framework_scale · framework_s + update_scale · update_s
         + per_collective_s · collective_calls + per_sharded_op_s · sharded_ops
-        + per_dtensor_op_s · dtensor_ops + optimizer_s_per_param · local_params + fixed_s
+        + per_dtensor_op_s · dtensor_ops + per_param_tensor_s · param_tensors
+        + per_dtensor_param_s · dtensor_params + optimizer_s_per_param · local_params + fixed_s
 
 where each feature is what the uncalibrated cost model adds up: compute of matrix-unit
 operators (linear, matmul, attention, conv) and of the rest, layout moves on edges and tied
@@ -20,7 +22,11 @@ that split something other than the batch over a mesh axis (operator-level layou
 operators the DTensor runner runs one by one, every operator of a plan on a mesh of more
 than one device except the plan FSDP2 runs on the model's own code
 (``execution.runs_replicated``: DTensor's dispatch and sharding propagation per operator,
-forward and backward); the parameter elements this device updates.
+forward and backward); the parameter tensors a device holds where there is more than one
+device (each is a DTensor, under FSDP2 as on the DTensor runner: the optimizer's every
+operation on it, and FSDP2's hooks, dispatch per tensor whatever its size), and those of
+them the DTensor runner holds, which it also reduces and lays out one by one; the parameter
+elements this device updates.
 ``validate.fit`` fits them on measured steps, ``scripts/validate_published.py`` on published
 GPU runs.
 
@@ -47,15 +53,19 @@ TERMS: dict[str, str] = {
     "relayout_scale": "relayout_s",
     "grad_comm_scale": "grad_comm_s",
     "p2p_scale": "p2p_s",
+    "framework_scale": "framework_s",
+    "update_scale": "update_s",
     "per_collective_s": "collective_calls",
     "per_sharded_op_s": "sharded_ops",
     "per_dtensor_op_s": "dtensor_ops",
+    "per_param_tensor_s": "param_tensors",
+    "per_dtensor_param_s": "dtensor_params",
     "optimizer_s_per_param": "local_params",
     "fixed_s": "one",
 }
 FEATURES = tuple(dict.fromkeys(TERMS.values()))
 NEUTRAL = {"matmul_scale": 1.0, "other_compute_scale": 1.0, "relayout_scale": 1.0, "grad_comm_scale": 1.0,
-           "p2p_scale": 1.0}
+           "p2p_scale": 1.0, "framework_scale": 1.0, "update_scale": 1.0}
 
 
 @dataclass(frozen=True)
@@ -65,9 +75,13 @@ class CostTerms:
     relayout_scale: float = 1.0
     grad_comm_scale: float = 1.0
     p2p_scale: float = 1.0
+    framework_scale: float = 1.0
+    update_scale: float = 1.0
     per_collective_s: float = 0.0
     per_sharded_op_s: float = 0.0
     per_dtensor_op_s: float = 0.0
+    per_param_tensor_s: float = 0.0
+    per_dtensor_param_s: float = 0.0
     optimizer_s_per_param: float = 0.0
     fixed_s: float = 0.0
     # the share of an operator's own compute (uncalibrated) behind which its parameter

@@ -26,7 +26,8 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .collectives import CollectiveModel
-from .compute import ALIGNED_BYTES, ALIGNED_FAMILIES, MATMUL_FAMILIES, ComputeModel, alignment_bytes, default_compute_model
+from .compute import (ALIGNED_BYTES, ALIGNED_FAMILIES, MATMUL_FAMILIES, ComputeModel, alignment_bytes,
+                      default_compute_model, operator_kind)
 from .cost_terms import CostTerms
 from .execution import model_parallel
 from .hardware import Device
@@ -60,8 +61,8 @@ class NodeCost:
     # ZeRO-3: its gathered parameters, which a recomputed forward keeps from the recomputation
     # until this operator's backward (only a first forward re-gathers them for backward)
     regathered_bytes: float = 0.0
-    # once per step like comm_s, and zero unless calibrated: the optimizer's update of its
-    # parameters (``CostTerms.optimizer_s_per_param``)
+    # once per step like comm_s: the optimizer's update of its parameters, as a measured
+    # profile prices it (``ComputeModel.update_s_per_param``) and the fitted terms add to it
     update_s: float = 0.0
 
     @property
@@ -159,11 +160,14 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     tt = cm.terms
     scale = tt.matmul_scale if op.family in MATMUL_FAMILIES else tt.other_compute_scale
     align = _local_alignment(op, cfg, shape, cm.training.activation_itemsize)
-    raw_forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align)
+    kind = operator_kind(op.aten)
+    raw_forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align, kind)
     raw_backward = cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                     cm.device, dtype, align)
-    forward = scale * raw_forward
-    compute = forward + scale * raw_backward
+                                     cm.device, dtype, align, kind)
+    # the framework's own time per operator (dispatch, autograd), half of it in each pass
+    half_overhead = tt.framework_scale * cm.compute.op_overhead_s / 2
+    forward = scale * raw_forward + half_overhead
+    compute = forward + scale * raw_backward + half_overhead
     # operator-level layouts (something besides the batch split over a mesh axis) pay a
     # dispatch cost per operator
     sharded_op = model_parallel(cfg, shape)
@@ -173,6 +177,11 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
         # the DTensor runner runs every operator of the plan on DTensor (all but FSDP2's plan)
         compute += tt.per_dtensor_op_s
     p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = updated = 0.0
+    # on more than one device every parameter is a DTensor, dispatched per tensor by the
+    # optimizer (and FSDP2's hooks) whatever its size; the DTensor runner handles each apart too
+    per_tensor = 0.0
+    if owns_params and any(n > 1 for n in shape):
+        per_tensor = tt.per_param_tensor_s + (0.0 if fsdp else tt.per_dtensor_param_s)
     bp, bg, bo = cm.training.state_bytes_per_param
     for t, spec, pname in zip(terms, op.operands, op.param_names):
         if pname is None:
@@ -234,7 +243,9 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
     grad_in += op.backward_extra_bytes * extra_scale / cfg.shards(extra_term, shape)
     return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
-                    grad_out, regathered, tt.optimizer_s_per_param * updated)
+                    grad_out, regathered,
+                    (tt.update_scale * cm.compute.update_s_per_param + tt.optimizer_s_per_param) * updated
+                    + per_tensor * sum(p is not None for p in op.param_names))
 
 
 def _axis_transient_bytes(p: int, n: float, h: Placement, w: Placement, is_aligned: bool, on_cpu: bool) -> float:

@@ -28,7 +28,7 @@ class OpChoice:
     relayout_s: float        # re-layout of its inputs (edges into it) and of the tied parameters it uses again
     param_bytes: float       # parameters + gradients + optimizer state of its local shard
     activation_bytes: float  # saved for backward
-    update_s: float = 0.0    # the optimizer's update of its parameters, once per step (calibrated; else 0)
+    update_s: float = 0.0    # the optimizer's update of its parameters, once per step (0 where not priced)
 
 
 @dataclass(frozen=True, kw_only=True)

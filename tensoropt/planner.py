@@ -337,7 +337,8 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
                                                   latency_shares=shares, fsdp=True)
             fsdp.append(cache[key])
         ran = [costs[i][rep[i]] for i in range(len(rep))]
-        rep_s = np.array([(f.compute_s - c.compute_s) + comm_factor * (f.comm_s - c.comm_s) for f, c in zip(fsdp, ran)])
+        rep_s = np.array([(f.compute_s - c.compute_s) + comm_factor * (f.comm_s - c.comm_s)
+                          + update_factor * (f.update_s - c.update_s) for f, c in zip(fsdp, ran)])
         if not rep_s.any():
             rep_s, fsdp = None, ()
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,

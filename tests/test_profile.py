@@ -343,6 +343,11 @@ def test_quick_profile_cpu_end_to_end(tmp_path):
     # no alignment probe on a CPU, and no alignment penalty in its model
     assert prof.misaligned_efficiency == {} and not prof.compute_model().misaligned_efficiency
     assert not any(m.family == "alignment" for m in prof.compute_measurements)
+    # what a step pays besides the kernels, and the curves keyed by operator
+    assert prof.op_overhead_s > 0 and prof.update_s_per_param > 0
+    assert {"elementwise/gelu", "norm/layer_norm", "attention/scaled_dot_product_attention"} <= set(prof.curves)
+    assert not {"framework", "optimizer"} & set(prof.curves)
+    assert prof.compute_model().curve("elementwise", "gelu") == prof.curves["elementwise/gelu"].curve()
     assert set(prof.collectives) == set(COLLECTIVE_KINDS)
     assert {m.group_size for m in prof.collective_measurements} == {2}
     link = get_link("gloo-loopback")

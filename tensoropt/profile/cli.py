@@ -43,6 +43,9 @@ def summary(prof) -> str:
         lines.append(f"  {fam:12s} eff_max {c.eff_max:.3f}  flops_half {c.flops_half:.3g}  overhead "
                      f"{format_time(c.overhead_s)}  ({c.points} pts, median err {c.rel_error_median:.1%}, "
                      f"max {c.rel_error_max:.1%})")
+    if prof.op_overhead_s or prof.update_s_per_param:
+        lines.append(f"  framework time per operator (forward and backward) {format_time(prof.op_overhead_s)}; "
+                     f"optimizer update {prof.update_s_per_param * 1e9:.2f} ns per parameter")
     for kind, c in sorted(prof.collectives.items()):
         per = "; ".join(f"p={g.group_size}: α {format_time(g.latency_s)}, B {g.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
                         for g in c.per_group)

@@ -159,6 +159,10 @@ class Profile:
     collectives: dict[str, FittedCollective]
     # alignment (bytes, as a string) -> the matmul rate reached against an aligned one (GPUs)
     misaligned_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
+    # a training step's framework time per operator besides its kernels (CPU; 0 = not measured)
+    op_overhead_s: float = 0.0
+    # the optimizer's update per parameter element (0 = not measured)
+    update_s_per_param: float = 0.0
     compute_measurements: tuple[ComputeMeasurement, ...] = ()
     collective_measurements: tuple[CollectiveMeasurement, ...] = ()
     notes: tuple[str, ...] = ()
@@ -178,7 +182,8 @@ class Profile:
         curves = {fam: c.curve() for fam, c in self.curves.items()}
         default = curves.get(DEFAULT_CURVE_FAMILY) or ComputeModel().default_curve
         return ComputeModel(curves=curves, default_curve=default, memory_efficiency=self.memory_efficiency,
-                            misaligned_efficiency={int(a): f for a, f in self.misaligned_efficiency.items()})
+                            misaligned_efficiency={int(a): f for a, f in self.misaligned_efficiency.items()},
+                            op_overhead_s=self.op_overhead_s, update_s_per_param=self.update_s_per_param)
 
     def device(self, base: Device) -> Device:
         """A copy of ``base`` with the measured peak FLOP/s and memory bandwidth.

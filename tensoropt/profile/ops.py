@@ -6,6 +6,11 @@ FLOPs follow the operator graph's conventions: 2·m·n·k per GEMM (torch's flop
 ``nbytes`` is operands read plus output written by one kernel call; for the embedding it is
 the rows gathered (not the whole table). A fwd+bwd GEMM run is 3 GEMMs of the same FLOPs and
 bytes (forward, input grad, weight grad), so it counts ``calls = 3``.
+
+Besides the family sweeps: forward-and-backward runs of single operators whose family curve
+cannot hold them, keyed ``family/kind`` (:func:`_keyed_cases`), and what a training step
+pays besides its kernels (:data:`STEP_FAMILIES`): the framework's time per operator
+(:func:`framework_cases`) and the optimizer's update per parameter (:func:`optimizer_cases`).
 """
 
 from __future__ import annotations
@@ -13,12 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["OpCase", "op_cases", "alignment_cases", "copy_cases", "peak_cases", "FAMILIES_PROFILED", "per_element_flops", "linear_builder"]
+__all__ = ["OpCase", "op_cases", "alignment_cases", "copy_cases", "peak_cases", "framework_cases", "optimizer_cases",
+           "FAMILIES_PROFILED", "STEP_FAMILIES", "CHAIN_OPS_PER_LAYER", "per_element_flops", "linear_builder"]
 
 #: families the sweep covers (every family of the operator graph)
 FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
                      "embedding", "pool", "reduction", "loss")
 _GEMM_CALLS_FWD_BWD = 3
+#: attention's backward FLOPs over its forward's, as the graph capture counts them
+ATTENTION_BWD_RATIO = 2.5
+#: what a training step pays besides its operators' kernels, measured apart from the curves
+STEP_FAMILIES = ("framework", "optimizer")
+#: operators per layer of the framework-overhead chain (linear, gelu, layer_norm)
+CHAIN_OPS_PER_LAYER = 3
 _INDEX_BYTES = 8          # int64 indices / targets
 
 
@@ -248,13 +260,110 @@ def _pointwise_cases(s, quick, gpu=False):
     return out
 
 
+def _grad_fn(kind, shape):
+    """A forward and backward of one operator of ``kind`` on inputs of ``shape`` that need
+    gradients, as a training step runs it (weights of norms need theirs too)."""
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+
+        def leaf(*sh):
+            return torch.randn(*sh, device=device, dtype=dtype, requires_grad=True)
+        if kind == "scaled_dot_product_attention":
+            q, k, v = (leaf(*shape) for _ in range(3))
+            ins, fwd = (q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)
+        elif kind == "conv2d":
+            n, cin, hw, cout, ks = shape
+            x, w = leaf(n, cin, hw, hw), leaf(cout, cin, ks, ks)
+            ins, fwd = (x, w), lambda: F.conv2d(x, w, padding=ks // 2)
+        elif kind == "batch_norm":
+            n, c, hw = shape
+            x, w, b = leaf(n, c, hw, hw), leaf(c), leaf(c)
+            rm, rv = torch.zeros(c, device=device, dtype=dtype), torch.ones(c, device=device, dtype=dtype)
+            ins, fwd = (x, w, b), lambda: F.batch_norm(x, rm, rv, w, b, training=True)
+        elif kind == "cross_entropy_loss":
+            rows, vocab = shape
+            x, t = leaf(rows, vocab), torch.randint(0, vocab, (rows,), device=device)
+            ins, fwd = (x,), lambda: F.cross_entropy(x, t)
+        else:
+            rows, cols = shape
+            x = leaf(rows, cols)
+            if kind in ("layer_norm", "rms_norm"):
+                w = leaf(cols)
+                ins = (x, w)
+                fwd = ((lambda: F.layer_norm(x, (cols,), w)) if kind == "layer_norm"
+                       else (lambda: F.rms_norm(x, (cols,), w)))
+            elif kind in ("add", "mul"):
+                y = leaf(rows, cols)
+                ins, fwd = (x, y), (lambda: x + y) if kind == "add" else (lambda: x * y)
+            else:
+                ins, fwd = (x,), (lambda: getattr(F, kind)(x))
+        out = fwd()
+        g = torch.randn_like(out)
+        return lambda: torch.autograd.grad(fwd(), ins, g)
+    return build
+
+
+#: operators timed forward and backward for a curve of their own (``compute.curve_key``):
+#: where a family's members differ in time per FLOP and byte (a CPU's GELU against its add)
+KEYED_POINTWISE = (("elementwise", "gelu"), ("elementwise", "silu"), ("elementwise", "relu"),
+                   ("elementwise", "add"), ("elementwise", "mul"), ("norm", "layer_norm"), ("norm", "rms_norm"))
+
+
+def _keyed_cases(s, quick, gpu=False) -> list[OpCase]:
+    """Forward and backward of the operators of :data:`KEYED_POINTWISE`, attention, convolution,
+    batch norm and cross-entropy, each keyed ``family/kind``. A run is priced as the cost model
+    prices the operator: the forward's FLOPs and bytes, then the backward's (FLOPs times the
+    family's backward ratio, twice the bytes), here as ``calls`` calls of their mean."""
+    from ..capture import builder as b
+    from ..compute import curve_key
+
+    fl = per_element_flops()
+    out = []
+
+    def case(family, kind, shape, flops_fwd, bwd_ratio, fwd_bytes, calls=2):
+        flops = flops_fwd * (1 + bwd_ratio) / calls
+        nbytes = fwd_bytes * 3 / calls
+        out.append(OpCase(curve_key(family, kind), f"{kind}_fwd_bwd", shape, flops, nbytes, calls, 4 * fwd_bytes,
+                          _grad_fn(kind, shape)))
+
+    for rows, cols in _rowwise_sizes(quick, gpu):
+        numel = rows * cols
+        for family, kind in KEYED_POINTWISE:
+            operands = 2 if kind in ("add", "mul") else 1
+            case(family, kind, (rows, cols), fl[family] * numel, b.NONMATMUL_BWD_RATIO,
+                 (operands + 1.0) * numel * s)
+    for rows, vocab in ([(8, 1024), (64, 8192)] if quick else
+                        [(8, 1024), (32, 4096), (128, 8192), (256, 32768)] + (list(_GPU_LOSS) if gpu else [])):
+        numel = rows * vocab
+        case("loss", "cross_entropy_loss", (rows, vocab), fl["loss"] * numel, b.NONMATMUL_BWD_RATIO,
+             numel * s + rows * _INDEX_BYTES)
+    for n, c, hw in ([(4, 16, 16)] if quick else [(4, 16, 16), (8, 32, 32), (16, 64, 56)]):
+        numel = n * c * hw * hw
+        case("norm", "batch_norm", (n, c, hw), fl["norm"] * numel, b.NONMATMUL_BWD_RATIO, 2.0 * numel * s)
+    # many short sequences as well as long ones: a kernel's cost per (batch, head) shows there
+    att = [(1, 4, 64, 32), (1, 4, 256, 64)] if quick else \
+        [(64, 4, 16, 32), (16, 8, 64, 64), (1, 4, 32, 64), (1, 8, 64, 64), (2, 8, 128, 64), (2, 8, 256, 64),
+         (1, 8, 1024, 64)]
+    for bb, h, sq, d in att + (list(_GPU_ATTENTION) if gpu and not quick else []):
+        case("attention", "scaled_dot_product_attention", (bb, h, sq, d), 4.0 * bb * h * sq * sq * d,
+             ATTENTION_BWD_RATIO, 4.0 * bb * h * sq * d * s)
+    convs = [(2, 8, 16, 8, 3), (4, 32, 32, 32, 3)] if quick else \
+        [(8, 16, 32, 16, 3), (8, 32, 32, 32, 3), (8, 64, 16, 64, 3), (4, 64, 56, 64, 3)]
+    for n, cin, hw, cout, ks in convs + (list(_GPU_CONV) if gpu and not quick else []):
+        flops = 2.0 * n * cout * hw * hw * cin * ks * ks
+        nbytes = float(n * cin * hw * hw + cout * cin * ks * ks + n * cout * hw * hw) * s
+        case("conv", "conv2d", (n, cin, hw, cout, ks), flops, 2.0, nbytes, calls=3)
+    return out
+
+
 def op_cases(itemsize: int, quick: bool, kind: str = "cpu") -> list[OpCase]:
     """Every operator benchmark, smallest first within each family (``kind="cuda"``: a full
     sweep adds the sizes a GPU trains at)."""
     gpu = kind == "cuda"
     cases = (_linear_cases(itemsize, quick, gpu) + _matmul_cases(itemsize, quick, gpu)
              + _attention_cases(itemsize, quick, gpu) + _conv_cases(itemsize, quick, gpu)
-             + _pointwise_cases(itemsize, quick, gpu))
+             + _pointwise_cases(itemsize, quick, gpu) + _keyed_cases(itemsize, quick, gpu))
     return cases
 
 
@@ -296,3 +405,58 @@ def peak_cases(quick: bool, kind: str = "cpu") -> list[int]:
     if kind == "cuda":
         return [4096] if quick else [4096, 8192]
     return [512] if quick else [512, 1024]
+
+
+# ------------------------------------------------------------------------------ step costs
+
+def _chain(layers: int, width: int, rows: int):
+    def build(device, dtype):
+        import torch
+        import torch.nn.functional as F
+        x = torch.randn(rows, width, device=device, dtype=dtype, requires_grad=True)
+        ws = [torch.randn(width, width, device=device, dtype=dtype, requires_grad=True) for _ in range(layers)]
+
+        def run():
+            y = x
+            for w in ws:
+                y = F.layer_norm(F.gelu(F.linear(y, w)), (width,))
+            y.sum().backward()
+        return run
+    return build
+
+
+def framework_cases(quick: bool) -> list[OpCase]:
+    """Forward and backward of two chains of tiny operators (linear, gelu, layer_norm per
+    layer, each linear with a weight of its own, gradients accumulated as a training step
+    accumulates them): the difference of their times over the difference of their operator
+    counts is the framework's time per operator besides its kernels."""
+    width, rows = 16, 8
+    out = []
+    for layers in ((2, 8) if quick else (4, 32)):
+        ops = CHAIN_OPS_PER_LAYER * layers
+        out.append(OpCase("framework", "linear_gelu_layer_norm_chain", (layers, rows, width), 0.0, 0.0, ops,
+                          4.0 * (layers + 4) * width * width * 4, _chain(layers, width, rows)))
+    return out
+
+
+def _adam(numel: int, tensors: int):
+    def build(device, dtype):
+        import torch
+        ps = [torch.nn.Parameter(torch.randn(numel // tensors, device=device, dtype=dtype)) for _ in range(tensors)]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.Adam(ps, lr=1e-6)     # as the apply layer's users and the validation build it
+        return opt.step
+    return build
+
+
+def optimizer_cases(itemsize: int, quick: bool) -> list[OpCase]:
+    """Adam's step over 8 parameters of growing total size: the slope of its time in the
+    element count is the update's time per parameter element."""
+    tensors = 8
+    out = []
+    for numel in ((2 ** 14, 2 ** 18) if quick else (2 ** 16, 2 ** 19, 2 ** 22)):
+        nbytes = 7.0 * numel * itemsize      # reads parameter, gradient and two moments, writes three
+        out.append(OpCase("optimizer", "adam_step", (numel, tensors), 0.0, nbytes, 1, 4.0 * numel * itemsize,
+                          _adam(numel, tensors)))
+    return out

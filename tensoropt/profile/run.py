@@ -16,7 +16,8 @@ from .data import (CollectiveMeasurement, ComputeMeasurement, FittedCollective, 
 from .devices import DeviceSet, catalogue_entry, cpu_count, cpu_model_name, current_device_name, parse_device_set
 from .fit import CollectivePoint, ComputePoint, FitError, fit_collective, fit_efficiency_curve
 from .measure import FULL_BUDGET, QUICK_BUDGET, TimingBudget, stats_from_samples, time_fn
-from .ops import OpCase, alignment_cases, copy_cases, op_cases, peak_cases
+from .ops import (STEP_FAMILIES, OpCase, alignment_cases, copy_cases, framework_cases, op_cases, optimizer_cases,
+                  peak_cases)
 
 __all__ = ["profile", "ProfileError"]
 
@@ -67,8 +68,11 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     aligns = alignment_cases(itemsize, quick) if ds.kind == "cuda" else []
     peak_dtypes = (bench_dtype,) if quick and ds.kind == "cpu" else _PEAK_DTYPES[ds.kind]
     peaks = [(dt, n) for dt in peak_dtypes for n in peak_cases(quick, ds.kind)]
+    # a CPU runs the framework's work per operator in line with the kernels; a GPU's host
+    # queues kernels ahead of them, so it is measured on CPUs only
+    steps = (framework_cases(quick) if ds.kind == "cpu" else []) + optimizer_cases(itemsize, quick)
     group_sizes = _group_sizes(ds, quick)
-    total = len(copies) + len(ops) + len(aligns) + len(peaks) + len(group_sizes) + 1
+    total = len(copies) + len(ops) + len(aligns) + len(peaks) + len(steps) + len(group_sizes) + 1
     tick = _progress(progress, total)
 
     old_threads = torch.get_num_threads()
@@ -85,6 +89,7 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
             m = _run_case(_square(n, dt), device, dt, budget, notes, tick)
             if m:
                 peak_ms.append(m)
+        step_ms = [m for c in steps if (m := _run_case(c, device, bench_dtype, budget, notes, tick))]
     finally:
         torch.set_num_threads(old_threads)
 
@@ -92,6 +97,8 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
     peak = _peaks(compute_ms, peak_ms, bench_dtype)
     curves = _fit_curves(compute_ms, peak[bench_dtype], hbm, notes)
     misaligned = _misaligned_efficiency(align_ms, itemsize, notes)
+    op_overhead = _slope([m for m in step_ms if m.family == "framework"], "calls", notes)
+    update_rate = _slope([m for m in step_ms if m.family == "optimizer"], "numel", notes)
     tick("fit compute")
 
     coll_ms: list[CollectiveMeasurement] = []
@@ -112,8 +119,8 @@ def profile(devices: str = "cpu:2", *, out: str | os.PathLike | None = None, qui
         catalogue_device=entry, link=_link_name(entry) if coll_ms else "")
     prof = Profile(devices=ds.spec, quick=quick, dtype=bench_dtype, machine=machine, peak_flops_per_s=peak,
                    hbm_bytes_per_s=hbm, memory_efficiency=1.0, curves=curves, collectives=collectives,
-                   misaligned_efficiency=misaligned,
-                   compute_measurements=tuple(copy_ms + compute_ms + align_ms + peak_ms),
+                   misaligned_efficiency=misaligned, op_overhead_s=op_overhead, update_s_per_param=update_rate,
+                   compute_measurements=tuple(copy_ms + compute_ms + align_ms + peak_ms + step_ms),
                    collective_measurements=tuple(coll_ms), notes=tuple(notes))
     tick.close()
     if out is not None:
@@ -260,7 +267,7 @@ def _peaks(compute_ms, peak_ms, bench_dtype) -> dict[str, float]:
 
 
 def _fit_curves(compute_ms, peak, hbm, notes) -> dict[str, FittedCurve]:
-    families = sorted({m.family for m in compute_ms})
+    families = sorted({m.family for m in compute_ms} - set(STEP_FAMILIES))
     curves = {}
     for fam in families:
         pts = [ComputePoint(m.flops, m.nbytes, m.time_per_call_s) for m in compute_ms if m.family == fam]
@@ -271,6 +278,22 @@ def _fit_curves(compute_ms, peak, hbm, notes) -> dict[str, FittedCurve]:
     if not curves:
         raise ProfileError("no operator family could be measured and fitted: " + "; ".join(notes))
     return curves
+
+
+def _slope(measured, per: str, notes: list[str]) -> float:
+    """Least-squares slope of a run's time in its operator count (``per="calls"``: the
+    framework chains) or its parameter elements (``"numel"``: the optimizer steps), at least 0;
+    0 with a note where fewer than two sizes ran."""
+    import numpy as np
+
+    if len(measured) < 2:
+        if measured:
+            notes.append(f"{measured[0].family}: one size ran, its cost per {per} is not measured")
+        return 0.0
+    x = np.array([float(m.calls) if per == "calls" else float(m.shape[0]) for m in measured])
+    t = np.array([m.time.median_s for m in measured])
+    slope = float(np.polyfit(x, t, 1)[0])
+    return max(slope, 0.0)
 
 
 def _misaligned_efficiency(align_ms, itemsize: int, notes: list[str]) -> dict[str, float]:
