@@ -81,6 +81,11 @@ class CostModel:
     collectives: CollectiveModel = field(default_factory=CollectiveModel)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     terms: CostTerms = field(default_factory=CostTerms)   # fitted terms (neutral: the model alone)
+    # Ranks per core where a CPU host runs more ranks than it has cores (``pricing.host_share``):
+    # every rank's own work -- compute, the framework's, the optimizer's, DTensor's per
+    # operator and parameter -- takes that many times as long. Collectives are measured
+    # with their ranks sharing the host already.
+    host_share: float = 1.0
     # what planner.build_problem prices once per cost model, as every ZeRO stage and pipeline
     # stage asks for the same: per operator signature and mesh, its configurations and costs
     # (node_cache); per like edge, its tables (edge_cache)
@@ -90,6 +95,8 @@ class CostModel:
     def __post_init__(self):
         if self.compute is None:
             object.__setattr__(self, "compute", default_compute_model(self.device, self.training.compute_dtype))
+        if not self.host_share >= 1:
+            raise ValueError(f"host_share must be at least 1, got {self.host_share!r}")
 
     # ------------------------------------------------------------------ nodes
 
@@ -242,10 +249,11 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     # what capture measured beyond these (cross-entropy's second gradient of the logits, through
     # nll_loss then log_softmax; attention's three input gradients; a fused group's intermediates)
     grad_in += op.backward_extra_bytes * extra_scale / cfg.shards(extra_term, shape)
-    return NodeCost(compute, comm, forward, p_bytes, g_bytes, o_bytes, act, grad_out + grad_in + fresh + gathered,
-                    grad_out, regathered,
-                    (tt.update_scale * cm.compute.update_s_per_param + tt.optimizer_s_per_param) * updated
-                    + per_tensor * sum(p is not None for p in op.param_names))
+    update = ((tt.update_scale * cm.compute.update_s_per_param + tt.optimizer_s_per_param) * updated
+              + per_tensor * sum(p is not None for p in op.param_names))
+    share = cm.host_share
+    return NodeCost(share * compute, comm, share * forward, p_bytes, g_bytes, o_bytes, act,
+                    grad_out + grad_in + fresh + gathered, grad_out, regathered, share * update)
 
 
 def _axis_transient_bytes(p: int, n: float, h: Placement, w: Placement, is_aligned: bool, on_cpu: bool) -> float:

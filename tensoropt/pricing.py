@@ -11,7 +11,7 @@ from .costmodel import CostModel
 from .mesh import Cluster, Mesh
 from .training import TrainingConfig
 
-__all__ = ["cost_models"]
+__all__ = ["cost_models", "host_share"]
 
 
 def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None = None,
@@ -45,6 +45,17 @@ def cost_models(cluster: Cluster, training: TrainingConfig, profile: str | None 
             collectives = prof.collective_model(mesh.links[0], group_size=group)
         except ValueError:
             collectives = prof.collective_model(mesh.links[0])
-        return CostModel(device, compute, collectives, training, terms)
+        return CostModel(device, compute, collectives, training, terms, host_share=host_share(prof, mesh))
 
     return for_mesh
+
+
+def host_share(prof, mesh: Mesh) -> float:
+    """Ranks per core where ``mesh``'s ranks, on the CPU host ``prof`` measured (its cores,
+    its threads per rank), outnumber its cores; 1 elsewhere (a GPU's ranks each have their
+    own device). A pipeline stage's mesh counts its own ranks, not the other stages' that
+    share the host with it."""
+    m = prof.machine
+    if m.device_kind != "cpu" or m.cpu_count < 1:
+        return 1.0
+    return max(1.0, mesh.size * max(1, m.threads_per_rank) / m.cpu_count)

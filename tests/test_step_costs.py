@@ -175,3 +175,32 @@ def test_fsdp_plan_prices_its_own_parameter_terms():
         terms = CostTerms(per_param_tensor_s=1e-3, per_dtensor_param_s=2e-3)
         assert terms.predict(feats) == pytest.approx(CostTerms().predict(feats) + 1e-3 * owned + 2e-3 * runner_params)
 
+
+
+def test_ranks_beyond_the_cores_share_them():
+    """On a CPU host with fewer cores than ranks, each rank's own work takes ranks/cores as
+    long; collectives (measured with their ranks on the host) and memory do not change."""
+    from tensoropt.pricing import cost_models, host_share
+    from tensoropt.training import TrainingConfig
+
+    prof = Profile.load("data/profiles/cpu-2core.json", check_environment=False)
+    cores, threads = prof.machine.cpu_count, prof.machine.threads_per_rank
+    four = parse_devices("cpu:4")
+    meshes = {n: mesh_for((n,), four) for n in (2, 4)}
+    assert host_share(prof, meshes[4]) == max(1.0, 4 * threads / cores)
+    assert host_share(prof, meshes[2]) == max(1.0, 2 * threads / cores)
+    gpu = dataclasses.replace(prof, machine=dataclasses.replace(prof.machine, device_kind="cuda"))
+    assert host_share(gpu, meshes[4]) == 1.0
+    graph = _gpt_tiny()
+    linear = next(op for op in graph.operators if op.family == "linear" and any(op.param_names))
+    terms = CostTerms(per_dtensor_op_s=1e-3, per_param_tensor_s=1e-3)
+    cm = cost_models(four, TrainingConfig(), "data/profiles/cpu-2core.json", terms)(meshes[4])
+    assert cm.host_share == host_share(prof, meshes[4]) > 1
+    alone = dataclasses.replace(cm, host_share=1.0)
+    cfg = OpConfig((None,))
+    a, b = alone.node_cost(linear, cfg, meshes[4]), cm.node_cost(linear, cfg, meshes[4])
+    k = cm.host_share
+    assert (b.compute_s, b.forward_s, b.update_s) == pytest.approx((k * a.compute_s, k * a.forward_s, k * a.update_s))
+    assert b.comm_s == a.comm_s and b.memory_bytes == a.memory_bytes
+    with pytest.raises(ValueError, match="host_share"):
+        dataclasses.replace(cm, host_share=0.5)
