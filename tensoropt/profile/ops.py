@@ -9,7 +9,7 @@ bytes (forward, input grad, weight grad), so it counts ``calls = 3``.
 
 Besides the family sweeps: forward-and-backward runs of single operators whose family curve
 cannot hold them, keyed ``family/kind`` (:func:`_keyed_cases`), and what a training step
-pays besides its kernels (:data:`STEP_FAMILIES`): the framework's time per operator
+pays besides its kernels, fitted apart from the curves: the framework's time per operator
 (:func:`framework_cases`) and the optimizer's update per parameter (:func:`optimizer_cases`).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["OpCase", "op_cases", "alignment_cases", "copy_cases", "peak_cases", "framework_cases", "optimizer_cases",
-           "FAMILIES_PROFILED", "STEP_FAMILIES", "CHAIN_OPS_PER_LAYER", "per_element_flops", "linear_builder"]
+           "FAMILIES_PROFILED", "CHAIN_OPS_PER_LAYER", "per_element_flops", "linear_builder"]
 
 #: families the sweep covers (every family of the operator graph)
 FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax", "elementwise",
@@ -27,8 +27,6 @@ FAMILIES_PROFILED = ("linear", "matmul", "attention", "conv", "norm", "softmax",
 _GEMM_CALLS_FWD_BWD = 3
 #: attention's backward FLOPs over its forward's, as the graph capture counts them
 ATTENTION_BWD_RATIO = 2.5
-#: what a training step pays besides its operators' kernels, measured apart from the curves
-STEP_FAMILIES = ("framework", "optimizer")
 #: operators per layer of the framework-overhead chain (linear, gelu, layer_norm)
 CHAIN_OPS_PER_LAYER = 3
 _INDEX_BYTES = 8          # int64 indices / targets

@@ -16,8 +16,7 @@ from .data import (CollectiveMeasurement, ComputeMeasurement, FittedCollective, 
 from .devices import DeviceSet, catalogue_entry, cpu_count, cpu_model_name, current_device_name, parse_device_set
 from .fit import CollectivePoint, ComputePoint, FitError, fit_collective, fit_efficiency_curve
 from .measure import FULL_BUDGET, QUICK_BUDGET, TimingBudget, stats_from_samples, time_fn
-from .ops import (STEP_FAMILIES, OpCase, alignment_cases, copy_cases, framework_cases, op_cases, optimizer_cases,
-                  peak_cases)
+from .ops import OpCase, alignment_cases, copy_cases, framework_cases, op_cases, optimizer_cases, peak_cases
 
 __all__ = ["profile", "ProfileError"]
 
@@ -267,7 +266,7 @@ def _peaks(compute_ms, peak_ms, bench_dtype) -> dict[str, float]:
 
 
 def _fit_curves(compute_ms, peak, hbm, notes) -> dict[str, FittedCurve]:
-    families = sorted({m.family for m in compute_ms} - set(STEP_FAMILIES))
+    families = sorted({m.family for m in compute_ms})
     curves = {}
     for fam in families:
         pts = [ComputePoint(m.flops, m.nbytes, m.time_per_call_s) for m in compute_ms if m.family == fam]
