@@ -23,6 +23,8 @@ more than 300,000 points in five minutes).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from .engine import SolveTimeout, memguard
@@ -45,14 +47,16 @@ PROBE_JOBS = 4
 
 
 def solve_in_turn(jobs: list, indices: list[int], deadline, found: np.ndarray, prune: bool,
-                  fallback: float | None, bar=None, probes: int = 0
+                  fallback: float | None, bar=None, probes: int = 0, found_elsewhere=None
                   ) -> tuple[dict[int, list | None], dict[int, dict], list[int]]:
     """Jobs ``indices`` in that order: per index its candidates, or None where ``prune`` and
     ``found`` (the frontier found so far, (time, peak) points; it grows with each job's) already
     dominate its bound; the records of those solved with ε (:func:`solve_job`); and the jobs
     set aside, in order: while ``found`` is empty, up to ``probes`` jobs that took more than
     ``PROBE_S`` to solve exactly, with the later jobs of their chains (left out of the first
-    two). ``bar`` shows each job's label and advances once per job solved or skipped."""
+    two); ``found_elsewhere()`` (a forked worker's: whether another worker has found plans since)
+    ends such a probe at once. ``bar`` shows each job's label and advances once per job solved
+    or skipped."""
     out: dict[int, list | None] = {}
     approx: dict[int, dict] = {}
     needed: dict[str, float] = {}          # chain -> the ε its last job fell back to
@@ -72,7 +76,8 @@ def solve_in_turn(jobs: list, indices: list[int], deadline, found: np.ndarray, p
         else:
             probe = PROBE_S if prune and not len(found) and n_probed_out < probes else None
             out[i], why = solve_job(job, deadline, found if prune else None, fallback,
-                                    start=needed.get(job.chain) if job.chain else None, probe_s=probe)
+                                    start=needed.get(job.chain) if job.chain else None, probe_s=probe,
+                                    probe_ended=found_elsewhere)
             if out[i] is None:
                 out.pop(i)
                 aside.append(i)
@@ -91,6 +96,20 @@ def solve_in_turn(jobs: list, indices: list[int], deadline, found: np.ndarray, p
     return out, approx, aside
 
 
+@contextmanager
+def _ends_when(ended):
+    """Within the block, a solve stops (``SolveTimeout``) at its next check once ``ended()``."""
+    if ended is None:
+        yield
+        return
+
+    def stop() -> None:
+        if ended():
+            raise SolveTimeout("plans were found elsewhere meanwhile: the probe ends")
+    with memguard.interrupt_when(stop):
+        yield
+
+
 def with_candidates(found: np.ndarray, candidates: list) -> np.ndarray:
     """The frontier found so far, (time, peak) points, grown by a job's candidates."""
     if not candidates:
@@ -99,7 +118,8 @@ def with_candidates(found: np.ndarray, candidates: list) -> np.ndarray:
 
 
 def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = None,
-              start: float | None = None, probe_s: float | None = None) -> tuple[list | None, dict | None]:
+              start: float | None = None, probe_s: float | None = None,
+              probe_ended=None) -> tuple[list | None, dict | None]:
     """``job``'s candidates and None -- or, where its exact solve passed the memory cap or
     ``FALLBACK_SHARE`` of the time left (``deadline``: the search's ``search_options.Deadline``)
     and ``fallback`` is an ε above the search's own, those of its (1+ε)-approximate solve and a
@@ -108,7 +128,8 @@ def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = 
     chain fell back to; the attempts below it are skipped (reason ``"chain"``). Without
     ``fallback`` the job's errors end the search as they are. ``probe_s``: the exact solve
     gets at most that long, and where it needs more the job is set aside (None, None) -- where
-    the time left would give it more than that."""
+    the time left would give it more than that; ``probe_ended()`` turning true sets it aside
+    sooner (the job would be solved again against plans found meanwhile)."""
     attempts = [None] + ([] if fallback is None else [fallback * k for k in FALLBACK_STEPS])
     reason = None
     if start is not None and fallback is not None:
@@ -122,7 +143,8 @@ def solve_job(job, deadline, found: np.ndarray | None, fallback: float | None = 
             probing = eps is None and probe_s is not None and (share is None or share > probe_s)
             try:
                 if eps is None:
-                    return job.solve(probe_s if probing else share, found), None
+                    with _ends_when(probe_ended if probing else None):
+                        return job.solve(probe_s if probing else share, found), None
                 memguard.check()
                 return job.solve(share, found, epsilon=eps), {"job": job.label, "epsilon": eps, "reason": reason}
             except SearchCrowdedOut:

@@ -123,6 +123,7 @@ class _SharedCap:
         self.next_slot = fork.Value("i", 0)
         self.peak = fork.RawValue("d", self.parent_bytes)
         self.running = fork.RawValue("i", 0)
+        self.found = fork.RawValue("i", 0)          # whether the parent holds found plans
 
     def held(self) -> float:
         """In the parent: what the parent and every worker hold together (its own growth
@@ -139,10 +140,12 @@ class _SharedCap:
 
     def pool(self, workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"), initializer=_start_worker,
-                                   initargs=(self.growth, self.next_slot, self.parent_bytes, self.peak, self.running))
+                                   initargs=(self.growth, self.next_slot, self.parent_bytes, self.peak, self.running,
+                                             self.found))
 
 
-def _start_worker(growth, next_slot, parent_bytes: float, peak, running) -> None:
+def _start_worker(growth, next_slot, parent_bytes: float, peak, running, found=None) -> None:
+    _STATE["found_flag"] = found
     with next_slot.get_lock():
         slot = next_slot.value
         next_slot.value += 1
@@ -156,9 +159,11 @@ def _solve_group(indices: list[int], found: np.ndarray, probes: int) -> bytes:
     (its results are dropped: it runs again)."""
     jobs, deadline, prune, fallback = _STATE["jobs"], _STATE["deadline"], _STATE["prune"], _STATE["fallback"]
     counters = _STATE["counters"]
+    flag = _STATE.get("found_flag")
     before = {k: Counter(c) for k, c in counters.items()}
     try:
-        result = solve_in_turn(jobs, indices, deadline, found, prune, fallback, probes=probes)
+        result = solve_in_turn(jobs, indices, deadline, found, prune, fallback, probes=probes,
+                               found_elsewhere=None if flag is None else (lambda: flag.value > 0))
     except memguard.SearchCrowdedOut:
         result = None
     if result is None:
@@ -265,9 +270,10 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
     again with fewer beside them; ``concurrency`` is how many could run at once at the end).
     A job started with nothing to cut against can keep a frontier
     many times the size it keeps in one process: until something is found, groups start with
-    ``fallback.PROBE_S`` to solve their first job and are set aside (run again last) where it
-    needs longer, up to ``probes`` of them, as ``fallback.solve_in_turn`` does in one
-    process; past that, such a group runs alone."""
+    ``fallback.PROBE_S`` to solve their first job and are set aside where it needs longer, or
+    as soon as another group has found plans, up to ``probes`` of them; past that, such a
+    group runs alone. A group set aside runs again next once plans are found (before the
+    groups not started yet: it is long, and they can run beside it)."""
     groups = groups_of(jobs, order)
     workers = max(1, min(workers, len(groups)))
     refs = _references(jobs)
@@ -288,12 +294,15 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
             try:
                 while queue or pending:
                     while queue and len(pending) < limit:
-                        group = queue[0]
+                        # a group set aside goes first once there is something to cut against:
+                        # it is known to be long, and the others can run beside it
+                        k = next((k for k, g in enumerate(queue) if g in aside), 0) if len(found) else 0
+                        group = queue[k]
                         probe = (not len(found) and group not in aside
                                  and probes > len(aside) + sum(p for _, p in pending.values()))
                         if not len(found) and not probe and pending:
                             break      # with nothing to cut against and no time limit, it runs alone
-                        queue.pop(0)
+                        queue.pop(k)
                         fut = pool.submit(_solve_group, group, found, int(probe))
                         pending[fut] = (group, probe)
                         running.value = len(pending)
@@ -321,6 +330,7 @@ def run_parallel(jobs, order: list[int], deadline, bar, prune: bool, workers: in
                                 results[i] = cands
                                 if cands:
                                     found = with_candidates(found, cands)
+                                    shared.found.value = 1       # a probe running elsewhere ends
                         if bar is not None:
                             bar.update(len(group) - len(set_aside))
                     memguard.check()

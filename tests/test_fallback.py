@@ -226,3 +226,47 @@ def test_jobs_set_aside_leave_the_frontier_as_it_is(monkeypatch, workers):
     assert len(aside.plans) == len(plain.plans)
     for p, q in zip(plain.plans, aside.plans):
         assert p.to_dict() == q.to_dict()
+
+
+def test_a_probe_ends_once_another_worker_finds_plans_and_its_job_runs_next():
+    """On two workers the fastest-bound job probes while another group solves: once that group
+    has found plans, the probe ends at its next check (it would run long past ``PROBE_S``
+    otherwise), and the job set aside runs before the groups not started yet."""
+    if not can_fork():
+        pytest.skip("worker processes are forked")
+    import multiprocessing as mp
+
+    from tensoropt.engine import memguard
+
+    started = mp.get_context("fork").Manager().list()
+
+    def long_alone(limit, ceiling, epsilon=None):
+        started.append(("long", 0 if ceiling is None else len(ceiling)))
+        end = time.monotonic() + (0.0 if ceiling is not None and len(ceiling) else 3 * PROBE_S)
+        while time.monotonic() < end:        # a solve that checks in, as the engine's combines do
+            memguard.check()
+            time.sleep(0.005)
+        return [Candidate(1.0, 4.0, 4.0, _plan)]
+
+    def takes(name, seconds, point):
+        def solve(limit, ceiling, epsilon=None):
+            started.append((name, 0 if ceiling is None else len(ceiling)))
+            time.sleep(seconds)
+            return [Candidate(*point, point[1], _plan)]
+        return solve
+    jobs = [Job("long", _bound(1.0, 4.0), long_alone),
+            Job("quick", _bound(2.0, 1.0), takes("quick", 0.1, (2.0, 1.0))),
+            Job("c", _bound(3.0, 0.5), takes("c", 1.0, (3.0, 0.5))),
+            Job("d", _bound(4.0, 0.25), takes("d", 0.2, (4.0, 0.25))),
+            Job("e", _bound(5.0, 0.125), takes("e", 0.2, (5.0, 0.125)))]
+    start = time.monotonic()
+    out, stats = run_jobs(jobs, Deadline(None, "test"), workers=2, fallback=0.01)
+    took = time.monotonic() - start
+    names = [n for n, _ in started]
+    assert stats["set_aside"] == 1 and stats["approximated"] == []
+    assert names.count("long") == 2 and started[names.index("long")] == ("long", 0)
+    again = len(names) - 1 - names[::-1].index("long")
+    assert started[again][1] > 0 and again < names.index("d") < names.index("e")
+    assert took < PROBE_S             # the probe did not run out its time
+    assert [(c.time_s, c.peak_bytes) for c in out] == [(1.0, 4.0), (2.0, 1.0), (3.0, 0.5), (4.0, 0.25),
+                                                       (5.0, 0.125)]

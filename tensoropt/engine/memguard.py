@@ -19,7 +19,7 @@ import os
 from contextlib import contextmanager
 
 __all__ = ["SearchMemoryExceeded", "SearchCrowdedOut", "memory_cap", "check", "resident_bytes",
-           "available_bytes", "share_cap", "counting", "release"]
+           "available_bytes", "share_cap", "counting", "release", "interrupt_when"]
 
 
 class SearchMemoryExceeded(MemoryError):
@@ -36,6 +36,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _held = None          # in a worker: () -> the memory held by the parent and all workers together
 _crowded = None       # in a worker: () -> whether other workers are solving beside it now
 _defer = None         # in their parent: () -> whether several workers run (they judge the cap then)
+_interrupts: list = []  # innermost last: () -> None, raising to stop the solve that runs
 
 
 def resident_bytes() -> float | None:
@@ -133,7 +134,21 @@ def counting(held, workers_running=None):
         _held, _defer = before
 
 
+@contextmanager
+def interrupt_when(stop):
+    """Within the block, :func:`check` also calls ``stop()``, which may raise: :func:`check`
+    runs at every chunk of every combine, so that is where a solve can be stopped from outside
+    (a forked worker's probe, once another worker has found plans: ``search_pool``)."""
+    _interrupts.append(stop)
+    try:
+        yield
+    finally:
+        _interrupts.pop()
+
+
 def check() -> None:
+    if _interrupts:
+        _interrupts[-1]()
     if not _cap:
         if _held is not None:
             _held()
