@@ -46,7 +46,7 @@ CASES_2 = ["mlp:dp", "mlp:dp_zero2", "mlp:dp_zero3", "mlp:tp_plain", "mlp:min_ti
            "mlp-big:dp", "mlp-big:tp_plain", "mlp-big:min_memory_plain"]
 CASES_4 = ["mlp:dp", "mlp:tp_plain", "mlp:hybrid", "mlp:min_time", "mlp:min_memory_plain",
            "gpt:dp", "gpt:tp_plain", "gpt:hybrid", "gpt:min_time", "gpt:min_memory_plain",
-           "cnn:hybrid", "cnn:min_time", "cnn:min_memory_plain"]
+           "cnn:hybrid", "cnn:min_time", "cnn:min_memory_plain", "llama:megatron_plain"]
 # one device: its plans are laid out too (FSDP2 on a one-rank mesh), recomputation included
 CASES_1 = ["gpt:min_time", "gpt:dp_rc"]
 MEMORY_CASES = ["mlp-big:dp", "mlp-big:tp_plain", "mlp-big:min_memory_plain"]

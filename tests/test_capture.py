@@ -467,3 +467,30 @@ def test_transformers_step_peak_on_one_device_matches_the_plan(kind):
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     measured = step_peak_memory(lambda: train_step(model, **training_kwargs(model, inputs)), opt, model)
     assert plan.peak_memory_bytes == pytest.approx(measured["peak_bytes"], rel=0.03)
+
+
+def test_a_dim_only_the_output_has_is_never_split():
+    """GQA's ``repeat_interleave`` makes 4 query-side heads of 2 key/value heads: each rank
+    would compute all 4 from its whole input, so splitting them would lay out a tensor 4
+    times too large (it crashed the Megatron tp4 plan of a 2-KV-head model). A padded dim is
+    the same; dims the operand has stay splittable."""
+    g = capture(get_model("llama-tiny", device="meta"), example_inputs("llama-tiny", 8, device="meta"))
+    reps = [op for op in g.operators if op.name.endswith("repeat_interleave")]
+    assert reps
+    for op in reps:
+        (term,), out = op.terms
+        only_out = [lab for lab in out if lab not in term]
+        assert only_out and not set(only_out) & set(op.splittable)
+        assert "b" in op.splittable
+
+    class Pad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(5, 6)
+
+        def forward(self, x):
+            return F.pad(self.lin(x), (0, 3)).sum()
+
+    (pad,) = [op for op in capture(Pad(), (torch.zeros(4, 5, device="meta"),)).operators if op.name == "pad"]
+    (term,), out = pad.terms
+    assert out[0] == term[0] and out[0] in pad.splittable and out[1] not in term and out[1] not in pad.splittable

@@ -177,7 +177,11 @@ def elementwise(c: Ctx, unsplit_dims: tuple[int, ...] = ()) -> None:
     c.out_bdim = ob
     for i, s in enumerate(c.shapes):
         c.terms[i] = c.align(s, c.out, c.out_shape)
-    c.split = {lab for k, lab in enumerate(c.out) if k not in unsplit_dims and c.out_shape[k] != 1}
+    # a label only the output has (repeat_interleave's repeated heads, a padded dim) is computed
+    # whole on every rank from whole operands: never split
+    read = {lab for t in c.terms if t is not None for lab in t}
+    c.split = {lab for k, lab in enumerate(c.out)
+               if k not in unsplit_dims and c.out_shape[k] != 1 and (lab in read or not c.shapes)}
 
 
 def other(c: Ctx) -> None:

@@ -12,7 +12,8 @@ prints one ``RESULT {json}`` line per case.
 Plans per model: dp (reference "data parallel"), dp_zero2 / dp_zero3 / dp_rc (that plan with
 ZeRO stage 2 or 3, or with every repeated block recomputed: FSDP2 on the model's own code),
 tp (the first frontier plan whose every mesh axis is tensor-parallel, else the Megatron
-reference), hybrid ("megatron dp2·tp2", 4 ranks), min_time, min_memory; a ``_plain`` suffix
+reference), hybrid ("megatron dp2·tp2", 4 ranks), megatron ("megatron dp1·tp<N>"), min_time,
+min_memory; a ``_plain`` suffix
 picks from the frontier searched without ZeRO and recomputation
 (``frontier(..., zero=False, recompute=False)``). Plans run on the model's own code report
 how often a forward pre-hook on the last block's first child fires per step (twice when the
@@ -43,6 +44,8 @@ MODELS = {
     "mlp": ("mlp-tiny", {"widths": (16, 64, 32, 64, 16)}, 8),
     "gpt": ("gpt-tiny", {}, 8),
     "cnn": ("cnn-tiny", {}, 8),
+    # GQA: 2 key/value heads, fewer than the 4 ranks of a tensor-parallel plan
+    "llama": ("llama-tiny", {}, 8),
     # Memory cases: parameters and activations dominate (see tests/test_apply_plans.py).
     "mlp-big": ("mlp-tiny", {"widths": (512, 1024, 1024, 512)}, 256),
     "gpt-big": ("gpt-tiny", {"d_model": 256, "n_heads": 4, "vocab_size": 512, "seq_len": 64}, 16),
@@ -123,6 +126,8 @@ def pick_plan(f, which: str, world: int, graph):
         return dataclasses.replace(f.reference["data parallel"], recompute=tuple(graph.block_modules))
     if which == "hybrid":
         return f.reference["megatron dp2·tp2"]
+    if which == "megatron":
+        return f.reference[f"megatron dp1·tp{world}"]
     if which == "tp":
         for p in f.plans:
             if all(part.startswith("tp") for part in p.summary.split("·")):
