@@ -453,7 +453,7 @@ def optimizer_cases(itemsize: int, quick: bool) -> list[OpCase]:
     element count is the update's time per parameter element."""
     tensors = 8
     out = []
-    for numel in ((2 ** 14, 2 ** 18) if quick else (2 ** 16, 2 ** 19, 2 ** 22)):
+    for numel in ((2 ** 14, 2 ** 20) if quick else (2 ** 16, 2 ** 19, 2 ** 22)):
         nbytes = 7.0 * numel * itemsize      # reads parameter, gradient and two moments, writes three
         out.append(OpCase("optimizer", "adam_step", (numel, tensors), 0.0, nbytes, 1, 4.0 * numel * itemsize,
                           _adam(numel, tensors)))
