@@ -29,6 +29,7 @@ _EXPORTS = {
     "parse_devices": ("tensoropt.mesh", "parse_devices"),
     "TrainingConfig": ("tensoropt.training", "TrainingConfig"),
     "CaptureError": ("tensoropt.capture", "CaptureError"),
+    "UnpricedOpsWarning": ("tensoropt.search", "UnpricedOpsWarning"),
     "profile": ("tensoropt.profile.run", "profile"),
 }
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from dataclasses import replace
 from functools import partial
 from typing import Any, Sequence
@@ -55,7 +56,8 @@ from .setups import Setup, setup_plan
 from .space import SearchSpace
 from .training import TrainingConfig
 
-__all__ = ["Frontier", "InfeasibleBudget", "SearchOptions", "frontier", "search", "unpriced_ops", "plan_for"]
+__all__ = ["Frontier", "InfeasibleBudget", "SearchOptions", "frontier", "search", "unpriced_ops", "plan_for",
+           "UnpricedOpsWarning"]
 
 
 def frontier(
@@ -141,6 +143,7 @@ def frontier(
     options.fallback()                       # a bad epsilon_fallback fails before capture
     start = time.monotonic()
     graph, module, recapture = capture_model(model, inputs, batch_size)
+    warn_unpriced(graph)
     scaling = parse_scaling(devices)
     if scaling is None:
         return search(graph, param_signature(module), recapture, devices, options, start)
@@ -166,6 +169,7 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
     cluster = parse_devices(devices)
     setup.degrees(cluster.world_size)
     graph, module, recapture = capture_model(model, inputs, batch_size)
+    warn_unpriced(graph)
     training = _training(SearchOptions(precision=precision, optimizer=optimizer), cluster)
     label_devices = devices if isinstance(devices, str) else str(cluster)
     terms = CostTerms.load(calibration) if calibration else CostTerms()
@@ -313,6 +317,25 @@ def _built_in_workers(ctx: PlanContext, recapture: Recapture | None, cluster: Cl
         else:
             jobs.append(result)
     return problems, jobs
+
+
+class UnpricedOpsWarning(UserWarning):
+    """The model has operators capture has no rule for: the times they cost are estimates."""
+
+
+def warn_unpriced(graph: OpGraph) -> None:
+    """Warn, once per call, where ``graph`` holds operators without a pricing rule
+    (:func:`unpriced_ops`): a plan's time leaves out what they really cost, which for a
+    mixture of experts' routed matmuls can be most of the step."""
+    ops = unpriced_ops(graph)
+    if not ops:
+        return
+    aten = sorted({a for u in ops for a in u["aten"]})
+    names = ", ".join(u["operator"] for u in ops[:3]) + (f" and {len(ops) - 3} more" if len(ops) > 3 else "")
+    warnings.warn(f"{graph.name}: {len(ops)} operators have no pricing rule ({', '.join(aten)}): {names}. "
+                  "They are kept replicated on every device and priced by a per-element estimate, so every "
+                  "plan's time leaves out what they really cost; stats['unpriced_ops'] lists their FLOPs "
+                  "and bytes", UnpricedOpsWarning, stacklevel=3)
 
 
 def unpriced_ops(graph: OpGraph) -> list[dict]:

@@ -309,3 +309,33 @@ def test_gradient_accumulation_widens_the_frontier_and_prices_as_plan_for_does(g
     assert len(f) > len(gpt_cpu_frontier)
     yours = tensoropt.plan_for("gpt-tiny", "cpu:2", dp=2, microbatches=2)
     assert f.best(yours.peak_memory_bytes).time_s <= yours.time_s * (1 + 1e-12)
+
+
+class _Sorting(nn.Module):
+    """A layer whose middle operator (a sort, as a mixture of experts' router runs) has no
+    pricing rule."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(self.a(x).sort(dim=-1).values).pow(2).mean()
+
+
+def test_operators_without_a_pricing_rule_are_announced():
+    x = torch.empty(8, 16, device="meta")
+    with torch.device("meta"):
+        model = _Sorting()
+    with pytest.warns(tensoropt.UnpricedOpsWarning, match=r"aten\.sort") as record:
+        f = tensoropt.frontier(model, "cpu:2", inputs=(x,), pipeline=False, progress=False)
+    assert len([w for w in record if issubclass(w.category, tensoropt.UnpricedOpsWarning)]) == 1
+    assert [u["aten"] for u in f.stats["unpriced_ops"]] == [["aten.sort.default"]]
+    with pytest.warns(tensoropt.UnpricedOpsWarning):
+        tensoropt.plan_for(model, "cpu:2", inputs=(x,), dp=2)
+
+
+def test_a_model_priced_throughout_raises_no_unpriced_warning(gpt_cpu_frontier, recwarn):
+    tensoropt.frontier("gpt-tiny", "cpu:2", pipeline=False, progress=False, max_mesh_dims=1)
+    assert gpt_cpu_frontier.stats["unpriced_ops"] == []
+    assert not [w for w in recwarn if issubclass(w.category, tensoropt.UnpricedOpsWarning)]
