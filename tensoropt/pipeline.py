@@ -43,14 +43,54 @@ from .search_jobs import Job
 from .search_options import SearchOptions
 from .space import SearchSpace
 
-__all__ = ["stage_counts", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
+__all__ = ["stage_counts", "stage_blocks", "stage_operators", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
            "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate",
            "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster", "pipeline_plan_of"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
-    """Stage counts p > 1 that divide both the device count and the number of blocks."""
-    return [p for p in range(2, min(n_blocks, world) + 1) if world % p == 0 and n_blocks % p == 0]
+    """Stage counts p > 1 that divide the device count and split the blocks (:func:`stage_blocks`)."""
+    return [p for p in range(2, min(n_blocks, world) + 1) if world % p == 0 and stage_blocks(n_blocks, p)]
+
+
+def stage_blocks(n_blocks: int, stages: int) -> tuple[int, ...] | None:
+    """Blocks per stage, first to last, or None where they do not split so that every middle
+    stage holds as many as the others (one middle stage's plan stands for all of them).
+    Equal runs where the stages divide the blocks; else one block more in every stage but the
+    first, where that is all the remainder (a first layer that differs from the rest, which
+    capture leaves out of the blocks, then runs in the first stage), or in the last alone
+    where one block remains."""
+    if stages < 2 or n_blocks < stages:
+        return None
+    per, extra = divmod(n_blocks, stages)
+    if extra == 0:
+        return (per,) * stages
+    if extra == stages - 1:
+        return (per,) + (per + 1,) * (stages - 1)
+    if extra == 1:
+        return (per,) * (stages - 1) + (per + 1,)
+    return None
+
+
+def stage_operators(graph: OpGraph, stages: int) -> list[tuple[int, ...]]:
+    """Operator indices per stage (:func:`stage_blocks` runs of blocks; the first stage also
+    holds the operators before the first block, the last those after the last block):
+    what the search prices and what ``tensoropt.apply`` runs."""
+    counts = stage_blocks(len(graph.blocks), stages)
+    if counts is None:
+        raise ValueError(f"{len(graph.blocks)} blocks do not split into {stages} stages "
+                         f"(stage counts that do: {stage_counts(len(graph.blocks), len(graph.blocks)) or 'none'})")
+    first, last = min(graph.blocks[0]), max(graph.blocks[-1])
+    out, at = [], 0
+    for s, k in enumerate(counts):
+        ops = [i for b in graph.blocks[at:at + k] for i in b]
+        at += k
+        if s == 0:
+            ops = list(range(first)) + ops
+        if s == stages - 1:
+            ops = ops + list(range(last + 1, len(graph.operators)))
+        out.append(tuple(sorted(ops)))
+    return out
 
 
 def microbatch_counts(batch: int, p: int, options: tuple[int, ...] = (1, 2, 4)) -> list[int]:
@@ -71,8 +111,8 @@ def check_pipeline(graph: OpGraph, stages: int, microbatches: int, batch: int) -
     if stages > max(n, 1):
         raise ValueError(f"{stages} pipeline stages but the model has only {n} repeated blocks "
                          f"(layers); use at most {n} stages")
-    if n % stages:
-        raise ValueError(f"{n} blocks do not split evenly into {stages} stages")
+    if stage_blocks(n, stages) is None:
+        raise ValueError(f"{n} blocks do not split into {stages} stages with equal middle stages")
     if batch % microbatches:
         raise ValueError(f"{microbatches} micro-batches do not divide the batch of {batch}")
     if microbatches < stages:
@@ -80,20 +120,9 @@ def check_pipeline(graph: OpGraph, stages: int, microbatches: int, batch: int) -
 
 
 def split_stages(graph: OpGraph, stages: int) -> list[StageSpec]:
-    """Equal runs of blocks; the first stage also holds the operators before the first block,
-    the last those after the last block. Stage 1 stands for every middle stage."""
-    blocks = graph.blocks
-    per = len(blocks) // stages
-    first, last = min(blocks[0]), max(blocks[-1])
-    n = len(graph.operators)
-    out = []
-    for s in range(stages):
-        ops = [i for b in blocks[s * per:(s + 1) * per] for i in b]
-        if s == 0:
-            ops = list(range(first)) + ops
-        if s == stages - 1:
-            ops = ops + list(range(last + 1, n))
-        out.append(StageSpec(s, tuple(sorted(ops)), stages - s))
+    """The distinct stages of :func:`stage_operators`: first, middle, last. Stage 1 stands for
+    every middle stage (they hold as many blocks, and stage 1 the most micro-batches in flight)."""
+    out = [StageSpec(s, ops, stages - s) for s, ops in enumerate(stage_operators(graph, stages))]
     keep = [0] + ([1] if stages > 2 else []) + [stages - 1]
     return [out[s] for s in keep]
 

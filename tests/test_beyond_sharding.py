@@ -141,12 +141,40 @@ def test_device_count_axis():
 
 # ---- pipeline stages -------------------------------------------------------------------------
 from tensoropt.pipeline import (check_pipeline, compose_stages, microbatch_counts, pipeline_plans,  # noqa: E402
-                                split_stages, stage_counts)
+                                split_stages, stage_blocks, stage_counts, stage_operators)
 
 
 def test_stage_and_microbatch_choices():
     assert stage_counts(12, 8) == [2, 4] and stage_counts(2, 4) == [2] and stage_counts(1, 8) == []
     assert microbatch_counts(8, 2) == [2, 4, 8] and microbatch_counts(6, 4) == []
+
+
+def test_blocks_that_do_not_divide_split_with_equal_middle_stages():
+    # a first layer capture leaves out of the blocks (12 layers, 11 blocks): the first stage
+    # runs it beside one block fewer than the others
+    assert stage_blocks(11, 2) == (5, 6) and stage_blocks(11, 4) == (2, 3, 3, 3)
+    assert stage_blocks(5, 4) == (1, 1, 1, 2)          # one block over: the last stage takes it
+    assert stage_blocks(12, 4) == (3, 3, 3, 3)
+    # two middle stages of different sizes would need two middle plans: not offered
+    assert stage_blocks(10, 4) is None and stage_blocks(28, 8) is None and stage_blocks(1, 2) is None
+    assert stage_counts(11, 8) == [2, 4] and stage_counts(96, 1024) == [2, 4, 8, 16, 32]
+    for n, p in [(11, 4), (5, 4), (12, 4), (7, 2)]:
+        counts = stage_blocks(n, p)
+        assert sum(counts) == n and len(set(counts[1:-1])) <= 1
+
+
+def test_an_uneven_split_covers_every_operator_once_in_block_order():
+    g = capture(get_model("gpt-tiny", n_layers=3), example_inputs("gpt-tiny", n_layers=3))
+    runs = stage_operators(g, 2)
+    assert sorted(i for ops in runs for i in ops) == list(range(len(g.operators)))
+    held = [[k for k, b in enumerate(g.blocks) if set(b) <= set(ops)] for ops in runs]
+    assert held == [[0], [1, 2]]
+    assert max(runs[0]) < min(runs[1])
+    specs = split_stages(g, 2)
+    assert [s.ops for s in specs] == runs and [s.in_flight for s in specs] == [2, 1]
+    six = capture(get_model("gpt-tiny", n_layers=6), example_inputs("gpt-tiny", n_layers=6))
+    with pytest.raises(ValueError, match="do not split into 4 stages"):
+        stage_operators(six, 4)
 
 
 def test_bad_pipeline_requests_are_clear_errors():

@@ -2,8 +2,9 @@
 
 A pipeline plan's mesh axis 0 is the pipeline axis (``p`` stages); the other axes form each
 stage's sub-mesh. The plan cuts the repeated blocks (``OpGraph.block_modules``: any module
-path) into ``p`` equal runs; the first stage also holds what comes before the blocks, the
-last what comes after (the loss). ``plan.stages`` holds one plan per distinct stage (first,
+path) into ``p`` runs (``pipeline.stage_operators``, the rule the search prices: equal
+runs, or one block more in the later stages); the first stage also holds what comes before
+the blocks, the last what comes after (the loss). ``plan.stages`` holds one plan per distinct stage (first,
 one middle standing for all middle stages, last), each on the sub-mesh and per micro-batch.
 
 Each rank runs its stage of the model's captured program, captured at the micro-batch size
@@ -42,7 +43,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..capture.inputs import bind_call, forward_signature, loss_of
-from ..pipeline import sub_graph
+from ..pipeline import stage_blocks, stage_operators, sub_graph
 from ..plan import Plan
 from .layout import PlanNotApplicable, capture_for_plan, plan_layout, split_batch
 from .meshes import device_mesh
@@ -206,22 +207,6 @@ class PipelineRunner:
 # ---------------------------------------------------------------------------------- stages
 
 
-def _stage_ops(graph, p: int) -> list[list[int]]:
-    """Operator indices per stage: equal runs of blocks, the first stage with what comes
-    before them, the last with what comes after."""
-    per = len(graph.blocks) // p
-    first, last = min(graph.blocks[0]), max(graph.blocks[-1])
-    out = []
-    for s in range(p):
-        ops = [i for b in graph.blocks[s * per:(s + 1) * per] for i in b]
-        if s == 0:
-            ops = list(range(first)) + ops
-        if s == p - 1:
-            ops = ops + list(range(last + 1, len(graph.operators)))
-        out.append(sorted(ops))
-    return out
-
-
 def _crossings(program, graph, stage_ops: list[list[int]], loss: str) -> tuple[list[set[str]], list[list[str]]]:
     """Per stage: the program nodes it runs, and the operator outputs it receives (graph order)."""
     order = {n.name: k for k, n in enumerate(program.graph.nodes)}
@@ -304,14 +289,14 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     if not batch or batch % m:
         raise ValueError(f"pipeline plan {plan.summary}: batch {batch} does not split into {m} micro-batches")
     graph, program, call = capture_for_plan(plan, model, inputs, batch=batch // m)
-    if len(graph.blocks) < p or len(graph.blocks) % p:
+    if stage_blocks(len(graph.blocks), p) is None:
         raise PlanNotApplicable(f"pipeline plan {plan.summary}: the model's {len(graph.blocks)} repeated "
                                 f"blocks do not split into {p} stages")
     ws = current_world_size()
     if ws != plan.world_size:
         raise ValueError(f"world size {ws} does not match the plan's mesh {plan.mesh} "
                          f"({plan.world_size} devices); launch with --nproc-per-node {plan.world_size}")
-    stage_ops = _stage_ops(graph, p)
+    stage_ops = [list(ops) for ops in stage_operators(graph, p)]
     out = next(n for n in program.graph.nodes if n.op == "output")
     flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
     loss_node = loss_of(tree_unflatten([flat[i] for i in program.user_outputs], program.out_spec))

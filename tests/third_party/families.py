@@ -154,6 +154,14 @@ def _bart():
                                                        activation_dropout=0.0))
 
 
+def _modernbert():
+    T = _hf()
+    return T.ModernBertForMaskedLM(T.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4,
+                                                      num_attention_heads=4, intermediate_size=64,
+                                                      max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                                      eos_token_id=2, cls_token_id=1, sep_token_id=2))
+
+
 def _titan():
     from .titan_llama3 import ModelArgs, Transformer, WithLoss
 
@@ -183,6 +191,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("convnext", _convnext, _images, 2, "vision"),
     Family("bart", _bart, _tokens, 2, "encoder-decoder"),
     Family("torchtitan-llama3", _titan, _titan_inputs, 4, "torchtitan"),
+    # the layers after the first, which has no attention norm: 3 blocks in 4 layers, which two
+    # pipeline stages split 1 + 2 (pipeline.stage_blocks)
+    Family("modernbert", _modernbert, _tokens, 3, "encoder"),
 ]}
 
 def spread(plans: list, between: int = 4) -> list[int]:
