@@ -1,7 +1,8 @@
 """Pipeline stages with replication (DAPPLE-style) inside the frontier.
 
-The repeated blocks of the model are cut into ``p`` equal stages (the first stage also
-holds what comes before the blocks, the last what comes after); each stage runs on its own
+The repeated blocks of the model are cut into ``p`` stages of equal runs, or of one block
+more in the later stages (:func:`stage_blocks`; the first stage also holds what comes
+before the blocks, the last what comes after); each stage runs on its own
 sub-mesh of ``world / p`` devices with its own per-operator plan (data and tensor
 parallelism inside the stage, searched by the same engine). The global batch is split
 into ``m >= p`` micro-batches run with the 1F1B schedule:
@@ -219,7 +220,8 @@ def pipeline_plans(*args, **kw) -> list[Plan]:
 
 def pipeline_shapes(graph: OpGraph, cluster: Cluster, space: SearchSpace) -> list[tuple[int, int, Mesh]]:
     """Every (stage count, micro-batch count, stage mesh) the search tries: stage counts that
-    divide both the blocks and the devices, micro-batch counts of :func:`microbatch_counts`."""
+    divide the devices and split the blocks (:func:`stage_blocks`), micro-batch counts of
+    :func:`microbatch_counts`."""
     if not graph.blocks or cluster.world_size <= 1:
         return []
     return [(p, m, mesh) for p in stage_counts(len(graph.blocks), cluster.world_size)
