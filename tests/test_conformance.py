@@ -82,6 +82,14 @@ def plan_dirs(frontiers, tmp_path_factory):
             for k in {accumulating[0], accumulating[-1]}:
                 plans[k].save(d / f"llama-acc{k}.json")
                 cases.append(f"llama:acc{k}")
+        if world == 4 and "modernbert" in NAMES:
+            # blocks that do not divide: four stages of 1 + 2 + 2 + 2 blocks (pipeline.stage_blocks)
+            fam = EXTRA["modernbert8"]
+            plans = tensoropt.frontier(fam.build("meta"), "cpu:4", inputs=fam.inputs(BATCH, "meta"),
+                                       progress=False).plans
+            for k in [k for k, p in enumerate(plans) if p.stages and p.mesh_shape[0] == 4][:2]:
+                plans[k].save(d / f"modernbert8-{k}.json")
+                cases.append(f"modernbert8:{k}")
         if world == 4 and "llama" in _names(4):
             # a user's ZeRO-1 layout with tensor parallelism, accumulating (tensoropt.plan_for):
             # the DTensor runner gathers and reduce-scatters its groups' parameters together
@@ -223,6 +231,20 @@ def test_zero1_with_tensor_parallelism_matches_single_process(results):
     assert r["plan"].startswith("dp2·tp2 mb2 zero1"), r["plan"]
     assert r["loss_rel"] < TOL and r["grad_max_rel"] < TOL and r["loss3_rel"] < TOL, r
     assert abs(r["peak_bytes"] / r["predicted_peak_bytes"] - 1) < MEMORY_TOL, r
+
+
+def test_four_unequal_pipeline_stages_match_single_process(results):
+    """ModernBERT with 8 layers (7 blocks: its first layer differs) on four stages of 1 + 2 +
+    2 + 2 blocks: parity, and the peak within 10 %."""
+    if "modernbert" not in NAMES:
+        pytest.skip("TENSOROPT_FAMILIES leaves out modernbert")
+    runs = {c: r for c, r in results[4].items() if c.startswith("modernbert8:")}
+    assert len(runs) == 2, "the frontier on cpu:4 offers fewer than two 4-stage plans"
+    for case, r in runs.items():
+        assert r["ok"], f"{case}: {r.get('error')}\n{r.get('trace', '')}"
+        assert r["plan"].startswith("pp4"), r["plan"]
+        assert r["loss_rel"] < TOL and r["grad_max_rel"] < TOL and r["loss3_rel"] < TOL, r
+        assert abs(r["peak_bytes"] / r["predicted_peak_bytes"] - 1) < MEMORY_TOL, r
 
 
 def test_spread_picks_ends_and_a_pipeline_plan():

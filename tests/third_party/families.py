@@ -154,9 +154,9 @@ def _bart():
                                                        activation_dropout=0.0))
 
 
-def _modernbert():
+def _modernbert(layers: int = 4):
     T = _hf()
-    return T.ModernBertForMaskedLM(T.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4,
+    return T.ModernBertForMaskedLM(T.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers,
                                                       num_attention_heads=4, intermediate_size=64,
                                                       max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
                                                       eos_token_id=2, cls_token_id=1, sep_token_id=2))
@@ -253,4 +253,6 @@ EXTRA: dict[str, Family] = {f.name: f for f in [
            _images, 2, "vision"),
     Family("resnet", _hf_model("ResNetForImageClassification", "ResNetConfig", hidden_sizes=[16, 32],
                                depths=[1, 3], embedding_size=16, num_labels=CLASSES), _images, 2, "vision"),
+    # 8 layers, 7 blocks: four pipeline stages hold 1 + 2 + 2 + 2 (the first beside layer 0)
+    Family("modernbert8", lambda: _modernbert(8), _tokens, 7, "encoder"),
 ]}
