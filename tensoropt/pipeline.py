@@ -44,8 +44,8 @@ from .search_jobs import Job
 from .search_options import SearchOptions
 from .space import SearchSpace
 
-__all__ = ["stage_counts", "stage_blocks", "stage_operators", "microbatch_counts", "split_stages", "compose_stages", "StageSpec", "stage_buffer_bytes",
-           "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate",
+__all__ = ["stage_counts", "stage_blocks", "stage_operators", "microbatch_counts", "split_stages", "compose_stages",
+           "StageSpec", "stage_buffer_bytes", "pipeline_plans", "pipeline_candidates", "pipeline_shapes", "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate",
            "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster", "pipeline_plan_of"]
 
 
@@ -77,10 +77,12 @@ def stage_operators(graph: OpGraph, stages: int) -> list[tuple[int, ...]]:
     """Operator indices per stage (:func:`stage_blocks` runs of blocks; the first stage also
     holds the operators before the first block, the last those after the last block):
     what the search prices and what ``tensoropt.apply`` runs."""
-    counts = stage_blocks(len(graph.blocks), stages)
+    n = len(graph.blocks)
+    counts = stage_blocks(n, stages)
     if counts is None:
-        raise ValueError(f"{len(graph.blocks)} blocks do not split into {stages} stages "
-                         f"(stage counts that do: {stage_counts(len(graph.blocks), len(graph.blocks)) or 'none'})")
+        fitting = [p for p in range(2, n + 1) if stage_blocks(n, p)]
+        raise ValueError(f"{n} blocks do not split into {stages} stages "
+                         f"(stage counts that do: {', '.join(map(str, fitting)) or 'none'})")
     first, last = min(graph.blocks[0]), max(graph.blocks[-1])
     out, at = [], 0
     for s, k in enumerate(counts):

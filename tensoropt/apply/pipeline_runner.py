@@ -4,8 +4,9 @@ A pipeline plan's mesh axis 0 is the pipeline axis (``p`` stages); the other axe
 stage's sub-mesh. The plan cuts the repeated blocks (``OpGraph.block_modules``: any module
 path) into ``p`` runs (``pipeline.stage_operators``, the rule the search prices: equal
 runs, or one block more in the later stages); the first stage also holds what comes before
-the blocks, the last what comes after (the loss). ``plan.stages`` holds one plan per distinct stage (first,
-one middle standing for all middle stages, last), each on the sub-mesh and per micro-batch.
+the blocks, the last what comes after (the loss). ``plan.stages`` holds one plan per
+distinct stage (first, one middle standing for all middle stages, last), each on the
+sub-mesh and per micro-batch.
 
 Each rank runs its stage of the model's captured program, captured at the micro-batch size
 (``runner.ProgramRunner``, the same execution as a non-pipeline plan, on the stage's
@@ -207,7 +208,7 @@ class PipelineRunner:
 # ---------------------------------------------------------------------------------- stages
 
 
-def _crossings(program, graph, stage_ops: list[list[int]], loss: str) -> tuple[list[set[str]], list[list[str]]]:
+def _crossings(program, graph, stage_ops: list[tuple[int, ...]], loss: str) -> tuple[list[set[str]], list[list[str]]]:
     """Per stage: the program nodes it runs, and the operator outputs it receives (graph order)."""
     order = {n.name: k for k, n in enumerate(program.graph.nodes)}
     by_name = {n.name: n for n in program.graph.nodes}
@@ -296,7 +297,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     if ws != plan.world_size:
         raise ValueError(f"world size {ws} does not match the plan's mesh {plan.mesh} "
                          f"({plan.world_size} devices); launch with --nproc-per-node {plan.world_size}")
-    stage_ops = [list(ops) for ops in stage_operators(graph, p)]
+    stage_ops = stage_operators(graph, p)
     out = next(n for n in program.graph.nodes if n.op == "output")
     flat = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
     loss_node = loss_of(tree_unflatten([flat[i] for i in program.user_outputs], program.out_spec))
@@ -306,7 +307,7 @@ def pipeline(model: nn.Module, plan: Plan, mesh: DeviceMesh | None = None, input
     plans = [plan.stages[0]] + [plan.stages[1] if len(plan.stages) > 2 else None] * (p - 2) + [plan.stages[-1]]
     layouts = []
     for s in range(p):
-        g, _ = sub_graph(graph, tuple(stage_ops[s]))
+        g, _ = sub_graph(graph, stage_ops[s])
         sp = plans[s]
         if len(sp.ops) != len(g.operators):
             raise ValueError(f"corrupt pipeline plan: stage {s} has {len(g.operators)} operators, "
