@@ -2,8 +2,8 @@
 
     torchrun --standalone --nproc-per-node N tests/dist_scripts/beyond_worker.py --case gpt:rc_mp,mlp:zero3_mp
 
-Every rank computes the same frontier for ``cpu:N`` (models and inputs of ``plan_worker``),
-picks the case's plan, computes the single-process reference, lays a copy out and runs one
+Rank 0 computes the frontier for ``cpu:N`` (models and inputs of ``plan_worker``) and sends
+it to the others (``plan_worker.on_rank0``), every rank picks the case's plan, computes the single-process reference, lays a copy out and runs one
 step on the full batch (each rank passes the whole batch), compares loss and every full
 gradient, then 3 Adam steps and the loss after them. Cases listed in ``--measure`` also
 measure one step's peak memory (MemTracker) of the plan and of the same plan laid out
@@ -40,7 +40,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_worker import (LR, MODELS, get_frontier, make_inputs, make_model, rel_err,  # noqa: E402
+from plan_worker import (LR, MODELS, get_frontier, make_inputs, make_model, on_rank0, rel_err,  # noqa: E402
                          single_process_reference)
 
 import tensoropt  # noqa: E402
@@ -164,9 +164,12 @@ def run_case(case: str, world: int, measure: bool) -> dict:
     # a selector of one operator-level plan picks among the frontier without pipelines (on
     # the peak frontier pipeline plans dominate most ZeRO and recomputation plans)
     if which.startswith("setup"):
-        meta = make_model(key, "meta")
-        graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
-        plan = tensoropt.plan_for(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), **setup_kwargs(which))
+        def price():
+            meta = make_model(key, "meta")
+            graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
+            return tensoropt.plan_for(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"),
+                                      **setup_kwargs(which)), graph
+        plan, graph = on_rank0(price)
     else:
         # a ZeRO selector without recomputation searches without it: on these small models the
         # DTensor runner's per-parameter ZeRO-2/3 collectives leave no such plan among the
@@ -197,8 +200,8 @@ def run_case(case: str, world: int, measure: bool) -> dict:
         out = {}
         measured = count_collectives(lambda: out.setdefault("loss", step()))
         loss = out["loss"]
-        micro = capture(make_model(key, "meta"), rebatched(make_inputs(key, "meta"), plan.microbatches),
-                        name=MODELS[key][0])
+        micro = on_rank0(lambda: capture(make_model(key, "meta"), rebatched(make_inputs(key, "meta"),
+                                                                             plan.microbatches), name=MODELS[key][0]))
         res["predicted"] = summarize_for_backend(issued_collectives(plan, micro, res["mode"]),
                                                  tuple(plan.mesh_shape), "gloo")
         res["measured"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in measured.items()}

@@ -2,8 +2,8 @@
 
     torchrun --standalone --nproc-per-node N tests/dist_scripts/plan_worker.py --case gpt-tiny:dp,mlp:min_time
 
-Every rank computes the same frontier (the search is deterministic) for ``cpu:N``, picks the
-case's plan, computes the single-process reference on the full batch, lays a copy out with
+Rank 0 computes the frontier for ``cpu:N`` and sends it to the others (``on_rank0``), every
+rank picks the case's plan, computes the single-process reference on the full batch, lays a copy out with
 ``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
 and every full gradient, then 3 Adam steps and the loss after them. One step's collectives
 (forward + backward) are counted and compared with ``tensoropt.comms.issued_collectives``. Rank 0
@@ -103,17 +103,37 @@ def make_inputs(key: str, device: str = "cpu") -> tuple:
 _FRONTIERS: dict = {}
 
 
+def on_rank0(compute):
+    """``compute()`` run on rank 0 alone and sent to every rank: a search or a capture is the
+    same on each, and the ranks beside it would only take its cores. A failure on rank 0
+    fails the case on every rank."""
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [("ok", compute())]
+        except Exception as e:  # noqa: BLE001 - raised again below, after the others hear of it
+            box = [("error", f"{type(e).__name__} on rank 0: {e}")]
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise RuntimeError(value)
+    return value
+
+
 def get_frontier(key: str, world: int, extras: bool = True, pipeline: bool = True, recompute: bool | None = None):
     """The frontier over cpu:world; ``extras=False``: without ZeRO and recomputation;
     ``pipeline=False``: without pipeline stages; ``recompute`` (default ``extras``): with
     recomputation."""
     recompute = extras if recompute is None else recompute
     if (key, world, extras, pipeline, recompute) not in _FRONTIERS:
-        meta = make_model(key, "meta")
-        graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
-        f = tensoropt.frontier(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), progress=False,
-                               zero=extras, recompute=recompute, pipeline=pipeline)
-        _FRONTIERS[(key, world, extras, pipeline, recompute)] = (f, graph)
+        def search():
+            meta = make_model(key, "meta")
+            graph = capture(meta, make_inputs(key, "meta"), name=MODELS[key][0])
+            return tensoropt.frontier(meta, f"cpu:{world}", inputs=make_inputs(key, "meta"), progress=False,
+                                      zero=extras, recompute=recompute, pipeline=pipeline), graph
+        _FRONTIERS[(key, world, extras, pipeline, recompute)] = on_rank0(search)
     return _FRONTIERS[(key, world, extras, pipeline, recompute)]
 
 
