@@ -196,18 +196,33 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("modernbert", _modernbert, _tokens, 3, "encoder"),
 ]}
 
-def spread(plans: list, between: int = 4) -> list[int]:
-    """Frontier indices: the fastest, the least memory and ``between`` evenly spaced in between,
-    one of them a pipeline plan when the frontier has any."""
+def layouts(plan) -> set:
+    """What running ``plan`` exercises: each operator's (family, split, placement), per stage
+    for a pipeline, and the plan's ZeRO stage, recomputation, stage count, micro-batches and mesh."""
+    out = {("mesh", plan.mesh_shape), ("stages", len(plan.stages)), ("microbatches", plan.microbatches)}
+    for part in plan.stages or (plan,):
+        out |= {("op", o.family, o.config, o.placements) for o in part.ops}
+        out |= {("zero", part.zero_stage), ("recompute", bool(part.recompute))}
+    return out
+
+
+def spread(plans: list, count: int = 6) -> list[int]:
+    """``count`` frontier indices that exercise the most: the fastest and the least memory,
+    then one at a time the plan adding most :func:`layouts` the picked ones lack (a tie goes
+    to the plan farthest along the frontier from them), the last one a pipeline plan when the
+    frontier has any and none is picked yet."""
     n = len(plans)
-    if n <= between + 2:
-        return list(range(n))
-    picks = [0] + [round(k * (n - 1) / (between + 1)) for k in range(1, between + 1)] + [n - 1]
+    picks = sorted({0, n - 1}) if n else []
+    seen = set().union(*(layouts(plans[i]) for i in picks))
     pipes = [i for i, p in enumerate(plans) if p.stages]
-    if pipes and not any(plans[i].stages for i in picks):
-        inner = min(range(1, between + 1), key=lambda j: min(abs(picks[j] - i) for i in pipes))
-        picks[inner] = min(pipes, key=lambda i: abs(picks[inner] - i))
-    return sorted(set(picks))
+    while len(picks) < min(count, n):
+        last = len(picks) == min(count, n) - 1
+        pool = pipes if last and pipes and not any(plans[i].stages for i in picks) else range(n)
+        best = max((i for i in pool if i not in picks),
+                   key=lambda i: (len(layouts(plans[i]) - seen), min(abs(i - j) for j in picks)))
+        picks.append(best)
+        seen |= layouts(plans[best])
+    return sorted(picks)
 
 
 # Families beyond the conformance suite, tried by scripts/try_families.py (results in
