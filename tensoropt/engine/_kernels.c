@@ -184,14 +184,19 @@ int kd_prune(int64_t rows, int64_t n, int k, const double *vals, int group, int6
 }
 
 enum { OP_SUM = 0, OP_MAX = 1, OP_MIN = 2 };
-enum { RULE_COORDS = 0, RULE_FOLD = 1 };
+enum { RULE_COORDS = 0, RULE_FOLD = 1, RULE_UNIT = 2, RULE_UNIT_CLOSE = 3 };
 
 /* Row r of the result: the kept merges of f[r, e, i] with g[r, e, j] over every (e, i, j),
  * f[r, e] starting at f + f_row[r] + f_e[e] (offsets in doubles, so that broadcasting costs
  * nothing), likewise g. Rule RULE_COORDS merges coordinate
  * d by ops[d] (f, g and the result all have k coordinates); RULE_FOLD merges a state
  * (t, R, A[, group]) with a piece (t, M, P1, P2[, group]) into
- * (t + t', R + M, max(A + P1, R + P2)[, min]) and raises A to R + floor.
+ * (t + t', R + M, max(A + P1, R + P2)[, min]) and raises A to R + floor. RULE_UNIT merges a
+ * state (t, R, A, E, C*[, group]) inside a recomputed unit with a piece
+ * (t, M, P1, Q, Z, C, B[, group]) into (t + t', R + M, max(A + P1, R + Q + E'), E' = E + Z,
+ * max(C*, E' + C)[, min]); RULE_UNIT_CLOSE, at the unit's last region, into
+ * (t + t', R', max(A', R' + B + C*', R' + floor)[, min]) (peaksolve._unit_rule; the same
+ * operations in the same order, so the same doubles).
  * out_vals (rows x cap x k) and out_src (rows x cap) get the kept points, their back-pointer
  * (e * wf + i) * wg + j, and out_count the number per row; cap >= ne * wf * wg.
  * Returns 0, or -1 when memory ran out. */
@@ -216,7 +221,23 @@ int kd_combine(int64_t rows, int64_t ne, int64_t wf, int64_t wg,
                 for (int64_t j = 0; j < wg; j++, c++) {
                     const double *b = gr + j * kg;
                     double *o = cand + c * k;
-                    if (rule == RULE_FOLD) {
+                    if (rule == RULE_UNIT || rule == RULE_UNIT_CLOSE) {
+                        double t = a[0] + b[0], r = a[1] + b[1], e = a[3] + b[4];
+                        double x = a[2] + b[2], y = a[1] + b[3] + e;
+                        double av = x > y ? x : y;
+                        double cy = e + b[5], cs = a[4] > cy ? a[4] : cy;
+                        o[0] = t;
+                        o[1] = r;
+                        if (rule == RULE_UNIT_CLOSE) {
+                            double z = r + b[6] + cs, lo = r + floor;
+                            av = av > z ? av : z;
+                            o[2] = av > lo ? av : lo;
+                            if (k > 3) o[3] = a[5] < b[7] ? a[5] : b[7];
+                        } else {
+                            o[2] = av; o[3] = e; o[4] = cs;
+                            if (k > 5) o[5] = a[5] < b[7] ? a[5] : b[7];
+                        }
+                    } else if (rule == RULE_FOLD) {
                         o[0] = a[0] + b[0];
                         o[1] = a[1] + b[1];
                         double x = a[2] + b[2], y = a[1] + b[3];

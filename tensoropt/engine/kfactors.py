@@ -63,7 +63,8 @@ class Rule:
     ``(..., k_a)`` and ``(..., k_b)`` and returns ``(..., k)``; ``group``: the coordinate
     that splits a row into groups that never dominate each other (or None). ``native``
     names the same rule for the compiled kernel: ``("coords", ops)`` (per coordinate 0 sum,
-    1 max, 2 min) or ``("fold", floor)`` (``peaksolve``'s state-and-piece rule)."""
+    1 max, 2 min), ``("fold", floor)`` (``peaksolve``'s state-and-piece rule) or
+    ``("unit", (close, floor))`` (its rule inside a recomputed unit)."""
     merge: Callable[[np.ndarray, np.ndarray], np.ndarray]
     k: int
     group: int | None = None
@@ -181,6 +182,9 @@ def _addressed(f: KFactor, order: tuple[int, ...], out_dims, e_dims):
     return flat, offsets(order[:n_kept], out_dims), offsets(order[n_kept:], e_dims)
 
 
+_RULE_COORDS, _RULE_UNIT, _RULE_UNIT_CLOSE = 0, 2, 3     # kd_combine's rule codes (_kernels.c)
+
+
 def _native(lib, rule, fa, f_row, f_e, kf_, ga, g_row, g_e, kg, n_e, wf, wg):
     rows, k, n = len(f_row), rule.k, n_e * wf * wg
     out_vals = np.empty((rows, max(n, 1), k))
@@ -188,7 +192,8 @@ def _native(lib, rule, fa, f_row, f_e, kf_, ga, g_row, g_e, kg, n_e, wf, wg):
     count = np.empty(rows, dtype=np.int64)
     kind, arg = rule.native
     ops = np.ascontiguousarray(arg if kind == "coords" else np.zeros(k), dtype=np.int32)
-    floor = float(arg) if kind == "fold" else 0.0
+    floor = float(arg) if kind == "fold" else float(arg[1]) if kind == "unit" else 0.0
+    code = (_RULE_UNIT_CLOSE if arg[0] else _RULE_UNIT) if kind == "unit" else _RULE_COORDS
     f_row, g_row = np.ascontiguousarray(f_row), np.ascontiguousarray(g_row)
     f_e, g_e = np.ascontiguousarray(f_e), np.ascontiguousarray(g_e)
     group = -1 if rule.group is None else rule.group
@@ -198,7 +203,7 @@ def _native(lib, rule, fa, f_row, f_e, kf_, ga, g_row, g_e, kg, n_e, wf, wg):
                              out_vals.ctypes.data, out_src.ctypes.data, count.ctypes.data)
     else:
         status = lib.kd_combine(rows, n_e, wf, wg, fa.ctypes.data, f_row.ctypes.data, f_e.ctypes.data, kf_,
-                                ga.ctypes.data, g_row.ctypes.data, g_e.ctypes.data, kg, k, 0, ops.ctypes.data,
+                                ga.ctypes.data, g_row.ctypes.data, g_e.ctypes.data, kg, k, code, ops.ctypes.data,
                                 group, floor, max(n, 1), out_vals.ctypes.data, out_src.ctypes.data,
                                 count.ctypes.data)
     if status != 0:

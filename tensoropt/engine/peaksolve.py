@@ -342,7 +342,7 @@ def _unit_rule(grouped: bool, close: bool, floor: float) -> kf.Rule:
             return np.stack(np.broadcast_arrays(t, r, a, *group), axis=-1)
         return np.stack(np.broadcast_arrays(t, r, a, e, cs, *group), axis=-1)
     k = (3 if close else 5) + (1 if grouped else 0)
-    return kf.Rule(merge, k, k - 1 if grouped else None)
+    return kf.Rule(merge, k, k - 1 if grouped else None, native=("unit", (close, floor)))
 
 
 def _ve_rule(coords: tuple[str, ...]) -> kf.Rule:
