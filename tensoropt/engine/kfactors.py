@@ -11,6 +11,7 @@ keeps what :func:`~tensoropt.engine.kprune.kd_prune` keeps. All coordinates are 
 
 from __future__ import annotations
 
+import math
 import time as _time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -135,8 +136,8 @@ def combine(f: KFactor, g: KFactor, rule: Rule, eliminate: tuple[int, ...] = (),
     e_dims = tuple(sizes[v] for v in elim)
     fa, f_row, f_e = _addressed(f, order, out_dims, e_dims)
     ga, g_row, g_e = _addressed(g, order, out_dims, e_dims)
-    n_e = int(np.prod(e_dims, dtype=np.int64))
-    rows = int(np.prod(out_dims, dtype=np.int64))
+    n_e = math.prod(e_dims)
+    rows = math.prod(out_dims)
     wf, wg, k = f.width, g.width, rule.k
     n = n_e * wf * wg
     step = max(1, CHUNK_VALUES // max(n * (k + 1), 1))
@@ -167,11 +168,11 @@ def _addressed(f: KFactor, order: tuple[int, ...], out_dims, e_dims):
     configuration the offset (in doubles) where that row's points start."""
     flat = np.ascontiguousarray(f.vals).ravel()
     point = f.vals.shape[-2] * f.vals.shape[-1]
-    strides = {v: int(np.prod(f.dims[i + 1:], dtype=np.int64)) * point for i, v in enumerate(f.scope)}
+    strides = {v: math.prod(f.dims[i + 1:]) * point for i, v in enumerate(f.scope)}
     n_kept = len(out_dims)
 
     def offsets(nodes, dims):
-        off = np.zeros(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+        off = np.zeros(math.prod(dims), dtype=np.int64)
         if not dims:
             return off
         grid = np.indices(dims).reshape(len(dims), -1)

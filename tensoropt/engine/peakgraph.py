@@ -35,6 +35,7 @@ No torch here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -100,7 +101,7 @@ class SumTerm:
 
     @property
     def n_entries(self) -> int:
-        return int(np.prod(self.sizes, dtype=np.int64))
+        return math.prod(self.sizes)
 
 
 @dataclass(frozen=True)
