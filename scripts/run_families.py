@@ -9,8 +9,9 @@ For each family of ``tests/third_party/families.py`` (``FAMILIES``, or ``EXTRA``
 ``--extra``): the blocks capture finds, the operators it could not price, the frontier on
 ``cpu:N``, and plans picked along it (``families.spread``, six: the fastest, the least memory
 and those adding the most operator layouts and settings, a pipeline plan among them; the
-suite runs four; ``--ends``: the fastest, the first pipeline plan and the least memory) saved and run by ``tests/dist_scripts/conformance_worker.py``: parity with
-single-process training and measured peak memory against ``Plan.peak_memory_bytes``.
+suite runs four; ``--ends``: the fastest, the first pipeline plan and the least memory)
+saved and run by ``tests/dist_scripts/conformance_worker.py``: parity with single-process
+training and measured peak memory against ``Plan.peak_memory_bytes``.
 Writes ``data/families/<suite|extra>.json`` and prints the README's table rows.
 """
 

@@ -3,9 +3,9 @@
     torchrun --standalone --nproc-per-node N tests/dist_scripts/beyond_worker.py --case gpt:rc_mp,mlp:zero3_mp
 
 Rank 0 computes the frontier for ``cpu:N`` (models and inputs of ``plan_worker``) and sends
-it to the others (``plan_worker.on_rank0``), every rank picks the case's plan, computes the single-process reference, lays a copy out and runs one
-step on the full batch (each rank passes the whole batch), compares loss and every full
-gradient, then 3 Adam steps and the loss after them. Cases listed in ``--measure`` also
+it to the others (``plan_worker.on_rank0``); every rank picks the case's plan, computes the
+single-process reference, lays a copy out and runs one step on the full batch (each rank
+passes the whole batch), compares loss and every full gradient, then 3 Adam steps and the loss after them. Cases listed in ``--measure`` also
 measure one step's peak memory (MemTracker) of the plan and of the same plan laid out
 without its ZeRO stage / recomputation ("baseline"). Rank 0 prints one ``RESULT {json}`` per case.
 

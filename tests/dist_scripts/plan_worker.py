@@ -2,9 +2,9 @@
 
     torchrun --standalone --nproc-per-node N tests/dist_scripts/plan_worker.py --case gpt-tiny:dp,mlp:min_time
 
-Rank 0 computes the frontier for ``cpu:N`` and sends it to the others (``on_rank0``), every
-rank picks the case's plan, computes the single-process reference on the full batch, lays a copy out with
-``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
+Rank 0 computes the frontier for ``cpu:N`` and sends it to the others (``on_rank0``); every
+rank picks the case's plan, computes the single-process reference on the full batch, lays a
+copy out with ``parallelize(model, plan)``, runs one step on the full batch (each rank) and compares loss
 and every full gradient, then 3 Adam steps and the loss after them. One step's collectives
 (forward + backward) are counted and compared with ``tensoropt.comms.issued_collectives``. Rank 0
 prints one ``RESULT {json}`` line per case.

@@ -212,16 +212,17 @@ def spread(plans: list, count: int = 6) -> list[int]:
     to the plan farthest along the frontier from them), the last one a pipeline plan when the
     frontier has any and none is picked yet."""
     n = len(plans)
+    each = [layouts(p) for p in plans]
     picks = sorted({0, n - 1}) if n else []
-    seen = set().union(*(layouts(plans[i]) for i in picks))
+    seen = set().union(*(each[i] for i in picks))
     pipes = [i for i, p in enumerate(plans) if p.stages]
     while len(picks) < min(count, n):
         last = len(picks) == min(count, n) - 1
         pool = pipes if last and pipes and not any(plans[i].stages for i in picks) else range(n)
         best = max((i for i in pool if i not in picks),
-                   key=lambda i: (len(layouts(plans[i]) - seen), min(abs(i - j) for j in picks)))
+                   key=lambda i: (len(each[i] - seen), min(abs(i - j) for j in picks)))
         picks.append(best)
-        seen |= layouts(plans[best])
+        seen |= each[best]
     return sorted(picks)
 
 
