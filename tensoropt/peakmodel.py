@@ -26,7 +26,10 @@ operators in reverse; when operator ``p`` runs its backward the device holds
   CPU/gloo: neither is released early); under ``fully_shard`` with ZeRO-2 the parameter
   shards beside the gathered parameters; with ZeRO-3 the root group's gathered parameters
   and those of the operator's block and the block prefetched next, gathered whole
-  (``_replicate_extra``).
+  (``_replicate_extra``); and, in the forward pass, each group's all-gather: the flat
+  buffer it gathers into beside the previous group's, which FSDP2 frees only at the next
+  copy-out (``_fsdp_forward``, as positions at each block's first operator and at the last
+  operator). Where recomputation has made the backward light, the peak falls there.
 * the copy a consumer keeps of a saved tensor that another operator is charged for, where
   it moves that tensor to another layout (``MeshProblem.resaved``): held like its own
   activations, rematerialised when its unit recomputes;
@@ -233,6 +236,8 @@ class _Terms:
     kept: dict           # operator -> the output bytes a recomputed unit keeps of it (its policy)
     tied: dict = field(default_factory=dict)     # later user -> (scope, held, regathered), exact graph
     resave: dict = field(default_factory=dict)   # operator -> [(kind, term)]: copies it keeps of saved tensors
+    # operator -> (bytes beyond M, whether before its own activations): FSDP2's forward moments
+    forward: dict = field(default_factory=dict)
     _by_unit: dict = field(default_factory=dict)
 
     def remat(self, mode: int, first: int, p: int) -> Term:
@@ -344,7 +349,8 @@ def _build(problem: MeshProblem, graph, microbatches: int, fine: bool, fixed: np
     terms = _Terms(act, trans, out, reg, moves, into,
                    _replicate_extra(grads, params, problem, graph, reg) if replicate else None,
                    [np.asarray(u)[pick[ops[0]]] for u, (_, ops) in zip(problem.unit_input_bytes, problem.units)],
-                   problem.skips, {i: out[i] for i in problem.recompute_kept}, tied, resave)
+                   problem.skips, {i: out[i] for i in problem.recompute_kept}, tied, resave,
+                   _fsdp_forward(problem, graph, params) if replicate else {})
     groups = _groups(problem, graph)
     regions, units = [], []
     for ops, mode in groups:
@@ -395,6 +401,8 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
         # a layout move's backward after p's: p's activations freed, no gradient pending
         for s, d in tm.into.get(p, ()):
             kinds["local"].append(Term((s, p), tm.moves[(s, d)][0] - tm.act[p][None, :] + extra))
+        if p in tm.forward:
+            kinds["local"].append(_forward_moment(p, tm.forward[p], kinds, regions, mode, tm))
         if mode is not None:
             # the unit's second forward at p: p's output, a forward move into p, the unit's
             # outputs that still wait for a later user
@@ -409,6 +417,61 @@ def _exact_regions(ops, mode, tm: _Terms, ks, problem, graph) -> list[Region]:
         regions.append(Region((p,) + ((mode,) if mode is not None and p == first else ()), None,
                               **{k: tuple(v) for k, v in kinds.items()}, name=graph.operators[p].name))
     return regions
+
+
+def _forward_moment(p: int, at: tuple[float, bool], kinds: dict, before: list[Region], mode, tm: _Terms):
+    """A moment of the forward pass as a position of ``p``'s region: ``M`` plus ``at[0]``, less
+    the activations of the operators after ``p`` (and ``p``'s own where ``at[1]``: the moment
+    comes before ``p`` runs). The recurrence adds the region's pending gradients and the
+    unit's rematerialised activations to a position; those do not exist in the forward pass,
+    so the term takes them off again."""
+    extra, before_p = at
+    off = kinds["view"] + kinds["remat"] + (kinds["held"] if before_p else [])
+    if mode is not None:
+        off += [t for r in before for t in r.remat]
+    parts = [Term((p,), np.full(len(tm.act[p]), extra))]
+    for t in off:
+        parts += [Term(q.scope, -q.table) for q in (t.parts if isinstance(t, SumTerm) else (t,))]
+    return _sum(parts)
+
+
+def _fsdp_forward(problem: MeshProblem, graph, params) -> dict[int, tuple[float, bool]]:
+    """FSDP2 ``fully_shard``'s forward pass, beyond ``M`` (measured on CPU/gloo, and what
+    ``foreach_all_gather`` does on any device): each group all-gathers its parameters into one
+    flat buffer and copies them out into the unsharded ones; the flat buffer stays until the
+    next group's copy-out, the last one until the forward pass ends. Every parameter is padded
+    along its first dimension to a multiple of the devices, shards and gathered copies alike.
+    So at a block's gather the device holds the shards, the gathered groups (ZeRO-2: the root
+    and the blocks so far; ZeRO-3: the root and this block), the previous group's flat
+    buffer and this one's; at the end of forward, the last flat buffer beside ``M``. Returns
+    per operator (bytes beyond ``M``, whether the moment comes before its activations): each
+    block's first operator, and the last operator."""
+    zero, d = problem.zero_stage, problem.mesh.size
+    if zero not in (2, 3) or not graph.blocks:
+        return {}
+    prefixes = [m + "." for m in graph.block_modules]
+    padded = np.zeros(len(graph.blocks) + 1)            # per group (the blocks, then the root)
+    seen: set[str] = set()
+    for op in graph.operators:
+        for t, name in zip(op.operands, op.param_names):
+            if name is None or name in seen:
+                continue
+            seen.add(name)
+            rows = t.shape[0] if t.shape else 1
+            g = next((b for b, pre in enumerate(prefixes) if name.startswith(pre)), len(prefixes))
+            padded[g] += -(-rows // d) * d * (t.nbytes // max(rows, 1) if t.shape else t.nbytes)
+    charged = float(sum(p[0] for p in params))          # what M holds of them
+    shards = float(padded.sum()) / d
+    root = padded[-1]
+    out: dict[int, tuple[float, bool]] = {}
+    flat_before = root
+    for b, ops in enumerate(graph.blocks):
+        gathered = root + (padded[:b + 1].sum() if zero == 2 else padded[b])
+        out[ops[0]] = (shards + gathered - charged + flat_before + padded[b], True)
+        flat_before = padded[b]
+    gathered = padded.sum() if zero == 2 else root
+    out[len(graph.operators) - 1] = (shards + gathered - charged + flat_before, False)
+    return out
 
 
 def _base(kinds, mode: int, last: int, tm: _Terms) -> None:
