@@ -450,7 +450,8 @@ def _fsdp_forward(problem: MeshProblem, graph, params) -> dict[int, tuple[float,
     if zero not in (2, 3) or not graph.blocks:
         return {}
     prefixes = [m + "." for m in graph.block_modules]
-    padded = np.zeros(len(graph.blocks) + 1)            # per group (the blocks, then the root)
+    padded = np.zeros(len(graph.blocks) + 1)            # elements per group (the blocks, then the root)
+    numel = 0
     seen: set[str] = set()
     for op in graph.operators:
         for t, name in zip(op.operands, op.param_names):
@@ -459,8 +460,11 @@ def _fsdp_forward(problem: MeshProblem, graph, params) -> dict[int, tuple[float,
             seen.add(name)
             rows = t.shape[0] if t.shape else 1
             g = next((b for b, pre in enumerate(prefixes) if name.startswith(pre)), len(prefixes))
-            padded[g] += -(-rows // d) * d * (t.nbytes // max(rows, 1) if t.shape else t.nbytes)
+            padded[g] += -(-rows // d) * d * (t.numel // rows if rows else 0)
+            numel += t.numel
     charged = float(sum(p[0] for p in params))          # what M holds of them
+    # in bytes at the training precision: M's parameters are the whole (ZeRO-2) or the shard
+    padded *= charged * (d if zero == 3 else 1) / numel if numel else 0.0
     shards = float(padded.sum()) / d
     root = padded[-1]
     out: dict[int, tuple[float, bool]] = {}
