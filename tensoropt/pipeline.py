@@ -271,7 +271,7 @@ def pipeline_candidates(ctx: PlanContext, cluster: Cluster, stages: int, microba
 class StagesBound:
     """A lower bound on pipeline plans from their stages' (``engine.bounds``): the slowest
     stage within a memory budget sets the time, the stage holding most sets the memory."""
-    stages: tuple[LowerBound, ...]     # each already shifted by its stage's boundary buffers
+    stages: tuple[LowerBound, ...]     # each shifted by its stage's boundary buffers and least rise
     scale: float                       # micro-batches + stages - 1
     p2p_s: float
 
@@ -305,7 +305,8 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
                                 pipeline_stage=True, recompute_policy=recompute_policy)
         built.append((g, problem))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
-    bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b) for (_, problem), b in zip(built, buffers)),
+    bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b + problem.min_rise())
+                              for (_, problem), b in zip(built, buffers)),
                         float(scale), p2p)
     label = f"{stages} pipeline stages, {microbatches} micro-batches, stage mesh {mesh}"
     return Job(label, bound, partial(_solve_stages, ctx, sub, link, mesh, specs, built, p2p, buffers,

@@ -100,11 +100,20 @@ class MeshProblem:
         return self.replicate_time_s is not None and bool(self.is_replicate(assignment)[0])
 
     def lower_bound(self) -> LowerBound:
-        """``engine.lower_bound`` of the cost graph, less what FSDP2's plan saves on it."""
-        bound = lower_bound(self.cost_graph)
+        """``engine.lower_bound`` of the cost graph, less what FSDP2's plan saves on it, in
+        peak memory (``min_rise`` above the end of forward)."""
+        bound = lower_bound(self.cost_graph).shifted(self.min_rise())
         if self.replicate_time_s is not None:
             bound = bound.faster_by(-float(np.minimum(self.replicate_time_s, 0.0).sum()))
         return bound
+
+    def min_rise(self) -> float:
+        """No plan's peak is below its end-of-forward memory plus this: the least transient of
+        the last operator's backward, the first moment of the backward pass, when every
+        activation is still held (``peakmodel``: that moment's other terms are never
+        negative)."""
+        trans = self.backward_tables[1]
+        return max(float(trans[-1].min()), 0.0) if trans else 0.0
 
     def time_of(self, assignment) -> float:
         """The step time of one assignment, as a plan of it is priced (``cost_graph`` and,

@@ -303,3 +303,34 @@ def test_a_graph_refuses_bad_terms_and_shares_frozen_ones():
                        (Term((1, 0), frozen), "table shape")]:
         with pytest.raises(ValueError, match=match):
             build(bad)
+
+
+def test_bounds_in_peak_memory_stay_below_every_plan(monkeypatch):
+    """A job's lower bound is shifted by the least rise of its backward pass
+    (``MeshProblem.min_rise``), so that it bounds peaks, not end-of-forward memory: every
+    problem's plans, enumerated (their Pareto set: a dominated plan lies above it too), stay
+    on or above it, and the shift is not zero."""
+    import tensoropt
+    import tensoropt.mesh_search as mesh_search
+    from tensoropt.engine.bounds import lower_bound
+
+    model, inputs = _residual_mlp()
+    seen = []
+    real = mesh_search.solve_problem
+
+    def recording(problem, graph, *args, **kwargs):
+        seen.append((problem, real(problem, graph, *args, **kwargs)))
+        return seen[-1][1]
+    monkeypatch.setattr(mesh_search, "solve_problem", recording)
+    tensoropt.frontier(model, "cpu:2", inputs=inputs, progress=False, pipeline=False, references=False,
+                       prune_meshes=False)
+    assert seen
+    for problem, found in seen:
+        rise = problem.min_rise()
+        assert rise > 0
+        bound = problem.lower_bound()
+        every = _brute_force(found)
+        assert (every[:, 1] >= bound.memory_min).all()
+        assert all(bound.time_within(m) <= t * (1 + 1e-12) for t, m in every)
+        # the job's bound is the cost graph's, shifted
+        assert bound.memory_min == pytest.approx(lower_bound(problem.cost_graph).memory_min + rise, rel=1e-12)
