@@ -86,7 +86,8 @@ def main() -> None:
     idle = [r for r in rows if not r["on_frontier"]]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    doc = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+    machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    doc = {"machine": machine,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": commit,
            "command": "python scripts/job_yield.py " + " ".join(sys.argv[1:]),
            "model": args.model, "devices": args.devices, "max_mesh_dims": args.dims, "batch_size": args.batch_size,

@@ -46,7 +46,8 @@ from .space import SearchSpace
 
 __all__ = ["stage_counts", "stage_blocks", "stage_operators", "microbatch_counts", "split_stages", "compose_stages",
            "StageSpec", "stage_buffer_bytes", "pipeline_plans", "pipeline_candidates", "pipeline_shapes",
-           "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate", "check_pipeline", "sub_graph", "boundary_bytes", "stage_cluster", "pipeline_plan_of"]
+           "pipeline_jobs", "pipeline_job", "StagesBound", "Candidate", "check_pipeline", "sub_graph", "boundary_bytes",
+           "stage_cluster", "pipeline_plan_of"]
 
 
 def stage_counts(n_blocks: int, world: int) -> list[int]:
