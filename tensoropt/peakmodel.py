@@ -64,6 +64,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .engine.peakgraph import PeakGraph, Region, SumTerm, Term
+from .execution import gradient_group
 from .planner import MeshProblem, recompute_units, replicate_times, takes_configs
 
 __all__ = ["PeakModel", "peak_model", "EXACT_SEARCH_ROWS"]
@@ -449,7 +450,7 @@ def _fsdp_forward(problem: MeshProblem, graph, params) -> dict[int, tuple[float,
     zero, d = problem.zero_stage, problem.mesh.size
     if zero not in (2, 3) or not graph.blocks:
         return {}
-    prefixes = [m + "." for m in graph.block_modules]
+    group = {m: b for b, m in enumerate(graph.block_modules)}
     padded = np.zeros(len(graph.blocks) + 1)            # elements per group (the blocks, then the root)
     numel = 0
     seen: set[str] = set()
@@ -459,8 +460,7 @@ def _fsdp_forward(problem: MeshProblem, graph, params) -> dict[int, tuple[float,
                 continue
             seen.add(name)
             rows = t.shape[0] if t.shape else 1
-            g = next((b for b, pre in enumerate(prefixes) if name.startswith(pre)), len(prefixes))
-            padded[g] += -(-rows // d) * d * (t.numel // rows if rows else 0)
+            padded[group.get(gradient_group(graph, op), -1)] += -(-rows // d) * d * (t.numel // rows if rows else 0)
             numel += t.numel
     charged = float(sum(p[0] for p in params))          # what M holds of them
     # in bytes at the training precision: M's parameters are the whole (ZeRO-2) or the shard

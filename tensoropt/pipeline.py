@@ -31,7 +31,7 @@ import numpy as np
 from .collectives import send_recv_s
 from .costmodel import CostModel
 from .engine import memguard
-from .engine.bounds import LowerBound, lower_bound
+from .engine.bounds import LowerBound
 from .engine.pareto import prune_rows
 from .mesh import Cluster, Mesh
 from .opgraph import Edge, OpGraph, rebatch_spec
@@ -306,8 +306,7 @@ def _stage_job(ctx: PlanContext, cluster: Cluster, stages: int, microbatches: in
                                 pipeline_stage=True, recompute_policy=recompute_policy)
         built.append((g, problem))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
-    bound = StagesBound(tuple(lower_bound(problem.cost_graph).shifted(b + problem.min_rise())
-                              for (_, problem), b in zip(built, buffers)),
+    bound = StagesBound(tuple(problem.lower_bound().shifted(b) for (_, problem), b in zip(built, buffers)),
                         float(scale), p2p)
     label = f"{stages} pipeline stages, {microbatches} micro-batches, stage mesh {mesh}"
     return Job(label, bound, partial(_solve_stages, ctx, sub, link, mesh, specs, built, p2p, buffers,
