@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -39,6 +40,9 @@ import tensoropt.pipeline as pipeline
 import tensoropt.planner as planner
 import tensoropt.search as search
 from tensoropt.engine import factors
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_search import target_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ["llama3-8b:8x8xH100:2", "llama3-8b:8x8xH100:3"]
@@ -116,7 +120,6 @@ def profile(model: str, devices: str, dims: int, batch_size: int | None, workers
     for module in (mesh_search, pipeline):
         _timed(module, "build_problem", "build_problem_s", spent, calls)
     _timed(planner, "lower_bound", "lower_bound_s", spent, calls)
-    _timed(pipeline, "lower_bound", "lower_bound_s", spent, calls)
     _timed(peak_search, "peak_model", "peak_model_s", spent, calls)
     _timed(peak_search, "solve", "ft_solve_s", spent, calls)
     _timed(peak_search, "solve_peak", "peak_solve_s", spent, calls)
@@ -125,8 +128,15 @@ def profile(model: str, devices: str, dims: int, batch_size: int | None, workers
     start = time.perf_counter()
     _on_timeline(timeline, start)
     try:
-        f = tensoropt.frontier(model, devices=devices, batch_size=batch_size, max_mesh_dims=dims,
-                               workers=workers, progress=False, memory_limit="4GiB")
+        if model.startswith("hf:"):          # a transformers target of bench_search, its own batch
+            net, inputs = target_model(model)
+            timeline.append({"step": "build model", "end_s": time.perf_counter() - start,
+                             "s": time.perf_counter() - start})
+            f = tensoropt.frontier(net, devices=devices, inputs=inputs, max_mesh_dims=dims, workers=workers,
+                                   progress=False, memory_limit="4GiB")
+        else:
+            f = tensoropt.frontier(model, devices=devices, batch_size=batch_size, max_mesh_dims=dims,
+                                   workers=workers, progress=False, memory_limit="4GiB")
     finally:
         _unpatch()
     wall = time.perf_counter() - start
@@ -140,14 +150,15 @@ def profile(model: str, devices: str, dims: int, batch_size: int | None, workers
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(CASES), help="model:devices:max_mesh_dims, comma-separated")
+    ap.add_argument("--only", default=",".join(CASES), help="model:devices:max_mesh_dims, comma-separated; a model is a zoo name or "
+                    "a transformers target of bench_search (hf:llama3-70b)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--workers", default="1", help="worker counts, comma-separated: a row each")
     ap.add_argument("--out", default=str(ROOT / "data" / "bench" / "search_profile.json"))
     args = ap.parse_args()
     rows = []
     for case in args.only.split(","):
-        model, devices, dims = case.split(":")
+        model, devices, dims = case.rsplit(":", 2)
         for workers in map(int, args.workers.split(",")):
             row = profile(model, devices, int(dims), args.batch_size, workers)
             print(json.dumps({k: row[k] for k in ("model", "devices", "max_mesh_dims", "workers", "wall_s",
