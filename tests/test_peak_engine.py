@@ -5,13 +5,15 @@ that stop a search before it grows past them."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import numpy as np
 import pytest
 
 from tensoropt.engine import SolveTimeout
-from tensoropt.engine import kfactors
+from tensoropt.engine import kfactors, peaksolve
 from tensoropt.engine.kfactors import SearchTooLarge
+from tensoropt.engine.peakfold import fold_fixed
 from tensoropt.engine.peaksolve import solve_peak
 from tensoropt.engine.reference import brute_force_peak_frontier, pareto_points
 
@@ -24,6 +26,10 @@ VARIANTS = {
     "exclude": dict(modes=True, exclude=True),
     "chain": dict(modes=True, chain=3, regions=1, n_ops=3),
     "units+exclude": dict(modes=True, units=True, exclude=True, n_ops=7),
+    # operators with one configuration each (peakfold.fold_fixed folds their runs), or some of them
+    "fixed": dict(modes=True, units=True, k_range=(1, 1), n_ops=12, regions=5),
+    "some fixed": dict(modes=True, units=True, k_range=(1, 2), n_ops=9, regions=4),
+    "fixed+exclude": dict(modes=True, units=True, exclude=True, k_range=(1, 1), n_ops=10, regions=4),
 }
 
 
@@ -43,6 +49,30 @@ def test_random_peak_graphs_equal_brute_force(variant):
         exact, _ = brute_force_peak_frontier(graph)
         assert np.array_equal(res.points, exact), (variant, seed)
         _check_points(graph, res)
+
+
+def test_folded_graphs_cost_the_same_and_search_to_the_same_frontier(monkeypatch):
+    """``fold_fixed`` gives every assignment the cost the graph as given does (enumerated), on
+    graphs where it folds something; searched with and without the fold, the same points."""
+    folded_some = 0
+    for seed in range(40):
+        graph = random_peak_graph(seed, **VARIANTS["fixed" if seed % 2 else "some fixed"])
+        small = fold_fixed(graph)
+        if small is None:
+            continue
+        folded_some += 1
+        assert len(small.regions) < len(graph.regions) and small.n_configs == graph.n_configs
+        every = np.array(list(itertools.product(*[range(k) for k in graph.n_configs])))
+        assert np.array_equal(small.evaluate(every), graph.evaluate(every)), seed
+        assert np.array_equal(small.excluded(every), graph.excluded(every))
+        with_fold = solve_peak(graph)
+        assert with_fold.stats["regions"] == len(small.regions) < with_fold.stats["regions_given"]
+        with monkeypatch.context() as m:
+            m.setattr(peaksolve, "fold_fixed", lambda g: None)
+            plain = solve_peak(graph)
+        assert plain.stats["regions"] == len(graph.regions)
+        assert np.array_equal(with_fold.points, plain.points), seed
+    assert folded_some >= 20
 
 
 def test_compiled_kernels_equal_numpy(monkeypatch):

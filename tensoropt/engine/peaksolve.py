@@ -28,7 +28,11 @@ Three refinements keep the sets small without changing any result:
   to the floor are raised and capped to those levels, and coordinates that then cannot
   change are left out of its elimination;
 * positions that can never rise past that level are left out;
-* identical consecutive regions (``PeakGraph.chain``) share one piece.
+* identical consecutive regions (``PeakGraph.chain``) share one piece;
+* runs of regions that read one node with several configurations at most are folded into
+  one region first (``peakfold.fold_fixed``: FSDP2 ``replicate`` graphs, every operator in
+  one layout, go from a region per operator to one per block); the points found are checked
+  against the graph as given.
 
 With ``PeakGraph.exclude`` every point also carries whether all its nodes took a marked
 configuration so far (a group: points of different groups never prune each other), and
@@ -46,6 +50,7 @@ from . import kfactors as kf
 from .elimination import plan_elimination
 from .factors import SolveTimeout
 from .kprune import kd_prune
+from .peakfold import fold_fixed
 from .peakgraph import PeakGraph, SumTerm, Term
 
 __all__ = ["solve_peak", "PeakResult"]
@@ -95,6 +100,8 @@ def solve_peak(graph: PeakGraph, *, epsilon: float = 0.0, time_limit_s: float | 
         raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
     start = time.monotonic()
     limits = kf.Limits(None if time_limit_s is None else start + time_limit_s, max_candidates, max_factor_bytes)
+    given, folded = graph, fold_fixed(graph)
+    graph = folded if folded is not None else graph
     plan = _Layout(graph)
     quantum = epsilon * _peak_lower_bound(graph) / max(len(graph.regions), 1) if epsilon > 0 else 0.0
     grouped = graph.exclude is not None
@@ -145,8 +152,9 @@ def solve_peak(graph: PeakGraph, *, epsilon: float = 0.0, time_limit_s: float | 
             raise AssertionError(f"reconstruction left nodes {missing} unassigned")
     assignments = np.column_stack([np.broadcast_to(found[v], (len(points),)) for v in range(graph.n_nodes)]) \
         if len(points) else np.zeros((0, graph.n_nodes), dtype=np.int64)
-    _verify(graph, points, assignments)
+    _verify(given, points, assignments)
     stats = {"seconds": time.monotonic() - start, "candidates": limits.spent, "regions": len(graph.regions),
+             "regions_given": len(given.regions),
              "epsilon": float(epsilon),
              "quantum": quantum,
              "max_live": max((len(s) for s in plan.live), default=0), "widest_piece": plan.widest,
