@@ -45,6 +45,8 @@ class _Table:
         self.values = np.asarray(values, dtype=np.float64)
 
     def _pair(self, other: "_Table") -> tuple[int | None, np.ndarray, np.ndarray]:
+        if self.node is not None and other.node is not None and self.node != other.node:
+            raise AssertionError("tables over two different nodes in one folded run")
         node = self.node if self.node is not None else other.node
         return node, self.values, other.values
 
@@ -132,7 +134,7 @@ def fold_fixed(graph: PeakGraph) -> PeakGraph | None:
     ``evaluate`` for every assignment up to rounding, or None where that would not remove
     ``MIN_SHARE`` of its regions (or it declares a chain of repeated regions, which the search
     reuses as they are)."""
-    if graph.chain or not graph.regions:
+    if graph.chain or not graph.regions or min(graph.n_configs) > 1:
         return None
     region_of = graph.region_of
     extra: list[set[int]] = [set() for _ in graph.regions]     # additive terms' nodes, by their last region
