@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .peakgraph import PeakGraph, Region, SumTerm, Term
+from .peakgraph import REGION_KINDS, PeakGraph, Region, SumTerm, Term
 
 __all__ = ["fold_fixed"]
 
@@ -78,10 +78,11 @@ def _squeezed(graph: PeakGraph, term) -> _Table:
         for p in term.parts:
             total = total + _squeezed(graph, p)
         return total
-    multi = [i for i, v in enumerate(term.scope) if graph.n_configs[v] > 1]
+    multi = [v for v in term.scope if graph.n_configs[v] > 1]
+    if len(multi) > 1:
+        raise AssertionError("a folded term over two nodes with several configurations")
     index = tuple(slice(None) if graph.n_configs[v] > 1 else 0 for v in term.scope)
-    table = term.table[index]
-    return _Table(term.scope[multi[0]] if multi else None, table)
+    return _Table(multi[0] if multi else None, term.table[index])
 
 
 def _summed(graph: PeakGraph, terms) -> _Table:
@@ -114,10 +115,7 @@ def _block_map(graph: PeakGraph, first: int, last: int) -> tuple[_Table, _Table]
             rise = rise.max(e + _most(graph, r.rise))
     if any(r.rise for r in regs):
         top = top.max(_summed(graph, regs[-1].base) + rise)
-    h = _ZERO
-    for t in held:
-        h = h + t
-    return h, top
+    return held[0] + after[0], top
 
 
 def _term(table: _Table, additive: bool = False) -> Term:
@@ -149,29 +147,27 @@ def fold_fixed(graph: PeakGraph) -> PeakGraph | None:
         for r in range(g, b + 1):
             reg = graph.regions[r]
             reads |= _multi(graph, reg.nodes) | extra[r]
-            for kind in ("held", "view", "remat", "local", "base", "rise"):
+            for kind in REGION_KINDS:
                 for t in reg.terms(kind):
                     reads |= _multi(graph, t.scope)
         blocks.append((g, b, reads))
         g = b + 1
-    seen_by = {a: reads for a, _, reads in blocks}
-    groups: list[list[tuple[int, int]]] = []   # runs of blocks reading one node at most, in order
-    seen: set[int] = set()
+    # runs of blocks that read one node at most between them, in order, with what they read
+    groups: list[tuple[list[tuple[int, int]], set[int]]] = []
     for a, b, reads in blocks:
-        if groups and len(seen | reads) <= 1:
-            groups[-1].append((a, b))
-            seen |= reads
+        if groups and len(groups[-1][1] | reads) <= 1:
+            groups[-1][0].append((a, b))
+            groups[-1][1].update(reads)
         else:
-            groups.append([(a, b)])
-            seen = set(reads)
+            groups.append(([(a, b)], set(reads)))
     # a group of one region stays as it is; so does a unit that reads several nodes
-    folded = [len(grp) > 1 or (grp[0][1] > grp[0][0] and len(seen_by[grp[0][0]]) <= 1) for grp in groups]
-    n_after = sum(1 if f else grp[0][1] - grp[0][0] + 1 for grp, f in zip(groups, folded))
+    folded = [len(grp) > 1 or (grp[0][1] > grp[0][0] and len(reads) <= 1) for grp, reads in groups]
+    n_after = sum(1 if f else grp[0][1] - grp[0][0] + 1 for (grp, _), f in zip(groups, folded))
     if n_after > (1 - MIN_SHARE) * len(graph.regions):
         return None
     regions: list[Region] = []
     units: list[tuple[int, int]] = []
-    for grp, fold in zip(groups, folded):
+    for (grp, _), fold in zip(groups, folded):
         if not fold:
             a, b = grp[0]
             if b > a:
@@ -192,13 +188,11 @@ def fold_fixed(graph: PeakGraph) -> PeakGraph | None:
                               name=f"{members[0].name}..{members[-1].name}"))
     sums: dict[int | None, np.ndarray] = {}
     for t in graph.additive:
-        multi = [i for i, v in enumerate(t.scope) if graph.n_configs[v] > 1]
-        if len(multi) > 1:
+        if len(_multi(graph, t.scope)) > 1:
             sums = None
             break
-        index = tuple(slice(None) if graph.n_configs[v] > 1 else 0 for v in t.scope)
-        node = t.scope[multi[0]] if multi else None
-        sums[node] = sums.get(node, 0.0) + t.table[index]
+        part = _squeezed(graph, t)
+        sums[part.node] = sums.get(part.node, 0.0) + part.values
     additive = list(graph.additive) if sums is None else \
         [_term(_Table(node, v), additive=True) for node, v in sums.items()]
     return PeakGraph.build(graph.names, graph.n_configs, additive, regions, exclude=graph.exclude, units=units)
