@@ -158,7 +158,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for case in args.only.split(","):
-        model, devices, dims = case.rsplit(":", 2)
+        model, devices, dims = (case.rsplit(":", 2) + ["", ""])[:3]
+        if not dims.isdigit() or not devices:
+            ap.error(f"--only takes model:devices:max_mesh_dims (e.g. hf:llama3-70b:64x8xH100:2), got {case!r}")
         for workers in map(int, args.workers.split(",")):
             row = profile(model, devices, int(dims), args.batch_size, workers)
             print(json.dumps({k: row[k] for k in ("model", "devices", "max_mesh_dims", "workers", "wall_s",
