@@ -19,10 +19,11 @@ parameters, an operator's own collectives (gradient reductions, ZeRO gathers), p
 sends; collective calls, one per collective, a parameter collective issued with its
 group's (``execution.groups_parameter_collectives``) counting its share of one; operators
 that split something other than the batch over a mesh axis (operator-level layouts);
-operators the DTensor runner runs one by one, every operator of a plan on a mesh of more
-than one device except the plan FSDP2 runs on the model's own code
-(``execution.runs_replicated``: DTensor's dispatch and sharding propagation per operator,
-forward and backward); the parameter tensors a device holds where there is more than one
+the torch ops the DTensor runner dispatches one by one, on a mesh of more than one device
+for every plan but the one FSDP2 runs on the model's own code
+(``execution.runs_replicated``: DTensor's dispatch and sharding propagation per op, forward
+and backward; ``Operator.dispatches``: an operator's own ops and its share of the views
+between operators); the parameter tensors a device holds where there is more than one
 device (each is a DTensor, under FSDP2 as on the DTensor runner: the optimizer's every
 operation on it, and FSDP2's hooks, dispatch per tensor whatever its size), and those of
 them the DTensor runner holds, which it also reduces and lays out one by one; the parameter

@@ -181,8 +181,9 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     if sharded_op:
         compute += tt.per_sharded_op_s
     if not fsdp and any(n > 1 for n in shape):
-        # the DTensor runner runs every operator of the plan on DTensor (all but FSDP2's plan)
-        compute += tt.per_dtensor_op_s
+        # the DTensor runner runs every operator of the plan on DTensor (all but FSDP2's
+        # plan), and DTensor dispatches each of its torch ops
+        compute += tt.per_dtensor_op_s * op.dispatches
     p_bytes = g_bytes = o_bytes = gathered = fresh = regathered = updated = 0.0
     # on more than one device every parameter is a DTensor, dispatched per tensor by the
     # optimizer (and FSDP2's hooks) whatever its size; the DTensor runner handles each apart too

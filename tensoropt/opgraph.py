@@ -82,6 +82,10 @@ class Operator:
     # piece of a split written "name[k]") and, per operand, the node that feeds it.
     nodes: tuple[str, ...] = ()
     operand_nodes: tuple[str, ...] = ()
+    # torch ops that replaying the program dispatches for it: its own nodes and, spread evenly
+    # over the operators, the views and other calls between operators (a DTensor runner pays
+    # DTensor's dispatch on each)
+    dispatches: float = 1.0
 
     @property
     def terms(self) -> tuple[tuple[str, ...], str]:

@@ -494,3 +494,27 @@ def test_a_dim_only_the_output_has_is_never_split():
     (pad,) = [op for op in capture(Pad(), (torch.zeros(4, 5, device="meta"),)).operators if op.name == "pad"]
     (term,), out = pad.terms
     assert out[0] == term[0] and out[0] in pad.splittable and out[1] not in term and out[1] not in pad.splittable
+
+
+def test_dispatches_count_the_programs_torch_ops_and_keep_blocks_alike():
+    """``Operator.dispatches``: the torch ops replaying the program dispatches, an operator's
+    own and, shared evenly, the views between operators (transformers' GPT-2 reshapes its
+    heads with views between its projections); Python's getitem and export's metadata
+    assertions are not dispatched. Operators of like blocks stay alike."""
+    from tensoropt.capture import capture_program
+    from tensoropt.capture.program import dispatched
+
+    model, inputs = _hf_tiny("gpt2")
+    g, program = capture_program(model, inputs)
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    torch_ops = [n for n in calls if isinstance(n.target, torch._ops.OpOverload)]
+    asserts = [n for n in torch_ops if n.target.__name__.startswith("_assert") and not n.users]
+    assert asserts and len(calls) > len(torch_ops)            # both kinds occur here
+    assert sum(map(dispatched, calls)) == len(torch_ops) - len(asserts)
+    assert sum(o.dispatches for o in g.operators) == pytest.approx(len(torch_ops) - len(asserts))
+    members = {m.split("[")[0] for o in g.operators for m in o.nodes}
+    views = [n for n in torch_ops if n.name not in members and "view" in n.target.__name__]
+    assert views and sum(o.dispatches for o in g.operators) >= len(g.operators) + len(views)
+    assert len(g.blocks) == 2
+    first, second = ([g.operators[i].dispatches for i in b] for b in g.blocks)
+    assert first == second

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
-from ..capture.program import Program, call_node, module_paths
+from ..capture.program import Program, call_node, is_skipped, module_paths
 from ..capture.inputs import bind_call, forward_signature
 from .. import placement as planned
 from ..execution import gradient_group
@@ -56,7 +56,6 @@ from . import zero_groups
 
 __all__ = ["ProgramRunner", "to_placement", "Step", "is_skipped"]
 
-_SKIP_PREFIXES = ("_assert", "sym_constrain")
 _CLASS_LOSSES = ("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d")
 _ELEM_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
 
@@ -87,12 +86,6 @@ def _own_storage(t: torch.Tensor) -> torch.Tensor:
 # env key of the operands already moved to a layout this forward: consumers of one node that
 # want it in the same layout share one move (one all-gather for q, k and v, one saved copy)
 _MOVED = "__moved__"
-
-
-def is_skipped(n: fx.Node) -> bool:
-    name = getattr(n.target, "__name__", "") or str(n.target)
-    return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
-        tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
 
 
 @dataclass

@@ -74,6 +74,7 @@ Blocks
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 import re
 import sys
 import warnings
@@ -86,7 +87,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..opgraph import OpGraph, Operator
 from .builder import Builder
-from .program import Program, program_from_export
+from .program import Program, dispatched, program_from_export
 from ._blocks import find_blocks, resolve_saved
 from .inputs import batch_size_of, input_spec, loss_of, split_inputs, training_kwargs
 
@@ -252,6 +253,15 @@ def _names(ops: list[dict]) -> list[str]:
     return out
 
 
+def _with_dispatches(ops: list[Operator], program: Program) -> list[Operator]:
+    """``ops`` with ``Operator.dispatches`` set: the calls between operators are shared out
+    evenly, so that operators alike (a repeated block's) stay alike."""
+    members = {m.split("[")[0] for o in ops for m in o.nodes}
+    between = sum(dispatched(n) for n in program.graph.nodes if n.name not in members)
+    share = between / len(ops) if ops else 0.0
+    return [replace(o, dispatches=max(1, len(o.nodes)) + share) for o in ops]
+
+
 def capture(model: nn.Module, inputs: Any, *, kwargs: dict | None = None, name: str | None = None) -> OpGraph:
     """Capture ``model``'s training step (its forward, returning the loss) as an operator graph.
 
@@ -291,7 +301,7 @@ def capture_program(model: nn.Module, inputs: Any, *, kwargs: dict | None = None
     names = _names(b.ops)
     ops = [Operator(name=n, **{k: v for k, v in o.items() if k not in ("short", "leaf")})
            for n, o in zip(names, b.ops)]
-    ops = resolve_saved(model, ops, b.save_claims)
+    ops = _with_dispatches(resolve_saved(model, ops, b.save_claims), program)
     blocks, block_modules = find_blocks(model, ops, b.edges)
     graph = OpGraph(name=name, operators=tuple(ops), edges=tuple(b.edges),
                     blocks=blocks, block_modules=block_modules, batch_size=batch_size,

@@ -22,10 +22,28 @@ from torch.utils._pytree import TreeSpec
 
 from .views import SPLIT_VIEWS, identity, op_name, piece_map, view_map
 
-__all__ = ["Program", "program_from_export", "inline_regions", "call_node", "module_paths", "GRAD_KEY", "AUTOCAST_KEY"]
+__all__ = ["Program", "program_from_export", "inline_regions", "call_node", "module_paths", "is_skipped",
+           "dispatched", "GRAD_KEY", "AUTOCAST_KEY"]
 
 GRAD_KEY = "tensoropt_grad"
 AUTOCAST_KEY = "tensoropt_autocast"
+_SKIP_PREFIXES = ("_assert", "sym_constrain")
+
+
+def is_skipped(n: fx.Node) -> bool:
+    """A check export left in the program (an assertion on metadata, a symbolic-size
+    constraint) that nothing reads: replaying the program leaves it out."""
+    name = getattr(n.target, "__name__", "") or str(n.target)
+    return n.op == "call_function" and not n.users and name.lstrip("_").startswith(
+        tuple(p.lstrip("_") for p in _SKIP_PREFIXES))
+
+
+def dispatched(n: fx.Node) -> bool:
+    """A node that replaying the program hands to torch's dispatcher (on a mesh, to DTensor's
+    dispatch and sharding propagation): a torch op not left out; Python's own calls on
+    tuples (``getitem``) are not."""
+    return (n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+            and not is_skipped(n))
 
 
 @dataclass
