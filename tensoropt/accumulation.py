@@ -90,7 +90,7 @@ def _solve(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProblem, m: in
     found = solve_problem(problem, mb_ctx.graph, m, epsilon=mb_ctx.epsilon, time_limit_s=time_limit_s,
                           block_groups=block_groups, ceiling=None if ceiling is None else ceiling / [m, 1.0])
     mb_ctx.peak_searches[found.stats["peak_search"]] += 1
-    return [Candidate(float(t) * m + mb_ctx.fixed_s, float(mem), float(peak),
+    return [Candidate(float(t) * m + problem.fixed_s, float(mem), float(peak),
                       partial(accumulated_plan, mb_ctx, step_graph, problem, a, m, (float(mem), float(peak))))
             for t, mem, peak, a in zip(found.times, found.memories, found.peaks, found.assignments)]
 
@@ -100,4 +100,4 @@ def accumulated_plan(mb_ctx: PlanContext, step_graph: OpGraph, problem: MeshProb
     """One assignment of ``accumulation_problem`` priced as the step of ``m`` micro-batches
     (``held_peak``: as ``plan_from_assignment``'s)."""
     plan = plan_from_assignment(mb_ctx, problem, assignment, microbatches=m, held_peak=held_peak)
-    return accumulated(plan, m, mb_ctx.fixed_s, step_graph.batch_size, step_graph.inputs)
+    return accumulated(plan, m, problem.fixed_s, step_graph.batch_size, step_graph.inputs)

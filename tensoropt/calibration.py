@@ -21,7 +21,8 @@ __all__ = ["TERMS", "FEATURES", "NEUTRAL", "CostTerms", "COST_TERMS_FORMAT", "fe
 
 
 def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
-    """Per feature of :data:`TERMS`, ``plan``'s time under that term alone (``"one"``: 1),
+    """Per feature of :data:`TERMS`, ``plan``'s time under that term alone (``"one"``: 1, or
+    the ranks per core where they share the host's cores),
     and ``predicted_s``, the plan's own time. ``graph``: the captured model the plan was
     searched on; ``profile``: the measured profile it was priced with, if any. Pipeline plans
     are not re-priced (their stages are solved on sub-graphs)."""
@@ -35,10 +36,10 @@ def step_features(plan, graph, profile: str | None = None) -> dict[str, float]:
     feats: dict[str, float] = {}
     assignment = None
     for term, feature in TERMS.items():
-        if feature == "one":
-            feats[feature] = 1.0
-            continue
         cm = cost_models(cluster, training, profile, CostTerms.unit(term))(mesh)
+        if feature == "one":
+            feats[feature] = cm.fixed_s
+            continue
         problem = build_problem(graph, mesh, cm, zero_stage=plan.zero_stage, recompute=bool(plan.recompute),
                                 recompute_policy=getattr(plan, "recompute_policy", "full") or "full")
         if assignment is None:

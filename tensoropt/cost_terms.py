@@ -27,7 +27,8 @@ between operators); the parameter tensors a device holds where there is more tha
 device (each is a DTensor, under FSDP2 as on the DTensor runner: the optimizer's every
 operation on it, and FSDP2's hooks, dispatch per tensor whatever its size), and those of
 them the DTensor runner holds, which it also reduces and lays out one by one; the parameter
-elements this device updates.
+elements this device updates; and a fixed cost per step, each rank's own work, so that, like
+the rest of it, it takes ``CostModel.host_share`` times as long where ranks share a core.
 ``validate.fit`` fits them on measured steps, ``scripts/validate_published.py`` on published
 GPU runs.
 
@@ -148,4 +149,5 @@ class CostTerms:
 
 
 def feature_value(features: Mapping[str, float], name: str) -> float:
-    return 1.0 if name == "one" else float(features.get(name, 0.0))
+    """A feature's value; the constant's (``"one"``) is 1 where it is not given."""
+    return float(features.get(name, 1.0 if name == "one" else 0.0))

@@ -83,14 +83,20 @@ class CostModel:
     terms: CostTerms = field(default_factory=CostTerms)   # fitted terms (neutral: the model alone)
     # Ranks per core where a CPU host runs more ranks than it has cores (``pricing.host_share``):
     # every rank's own work -- compute, the framework's, the optimizer's, DTensor's per
-    # operator and parameter -- takes that many times as long. Collectives are measured
-    # with their ranks sharing the host already.
+    # operator and parameter, the fixed cost per step -- takes that many times as long.
+    # Collectives are measured with their ranks sharing the host already.
     host_share: float = 1.0
     # what planner.build_problem prices once per cost model, as every ZeRO stage and pipeline
     # stage asks for the same: per operator signature and mesh, its configurations and costs
     # (node_cache); per like edge, its tables (edge_cache)
     node_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     edge_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def fixed_s(self) -> float:
+        """The fixed cost per step (``CostTerms.fixed_s``): each rank's own work, so it takes
+        ``host_share`` times as long where ranks share a core."""
+        return self.terms.fixed_s * self.host_share
 
     def __post_init__(self):
         if self.compute is None:

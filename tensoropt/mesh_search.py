@@ -81,6 +81,6 @@ def _solve(ctx: PlanContext, problem: MeshProblem, block_groups, start_at: dict[
                           block_groups=block_groups, start_at=start_at.get(key, "exact"), ceiling=ceiling)
     start_at[key] = found.stats["peak_search"]
     ctx.peak_searches[found.stats["peak_search"]] += 1
-    return [Candidate(float(t) + ctx.fixed_s, float(m), float(peak), partial(plan_from_assignment, ctx, problem, a,
+    return [Candidate(float(t) + problem.fixed_s, float(m), float(peak), partial(plan_from_assignment, ctx, problem, a,
                                                                 held_peak=(float(m), float(peak))))
             for t, m, peak, a in zip(found.times, found.memories, found.peaks, found.assignments)]

@@ -347,7 +347,7 @@ def _solve_stages(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, built
     stage_plans: dict = {}          # plans of one job share their stages' plans
     for (t, peak), pick in zip(points, picks):
         m = max(f[k, 1] for f, k in zip(fronts, pick))
-        t = float(t) + ctx.fixed_s
+        t = float(t) + solved[0][1].fixed_s
         build = partial(_build_plan, ctx, sub, link, mesh, specs, solved, tuple(pick), t, p2p,
                         stages, microbatches, buffers, built=stage_plans)
         out.append(Candidate(t, float(m), float(peak), build))
@@ -378,7 +378,7 @@ def pipeline_plan_of(ctx: PlanContext, cluster: Cluster, stages: int, microbatch
         times.append(problem.cost_graph.cost(a)[0])
         solved.append((g, problem, ([a], [float(held)], [float(peak)])))
     p2p, buffers = _boundaries(mb_graph, specs, microbatches, mesh, link, cm)
-    t = scale * (max(times) + p2p) + ctx.fixed_s
+    t = scale * (max(times) + p2p) + cm.fixed_s
     return _build_plan(ctx, sub, link, mesh, specs, solved, (0,) * len(specs), float(t), p2p, stages,
                        microbatches, buffers, zero_stage)
 
@@ -394,7 +394,7 @@ def _build_plan(ctx: PlanContext, sub: Cluster, link, mesh: Mesh, specs, solved,
     for s, (spec, (g, problem, (assignments, memories, peaks)), k, held) in enumerate(zip(specs, solved, pick,
                                                                                           buffers)):
         if (s, k) not in built:
-            sp = plan_from_assignment(replace(ctx, graph=g, fixed_s=0.0), problem, assignments[k],
+            sp = plan_from_assignment(replace(ctx, graph=g), problem, assignments[k], fixed_s=0.0,
                                       label=f"stage {spec.index}", microbatches=microbatches,
                                       held_peak=(memories[k], peaks[k]))
             built[s, k] = replace(sp, memory_bytes=sp.memory_bytes + held,

@@ -35,7 +35,6 @@ class PlanContext:
     param_signature: str         # ``capture.param_signature`` of the model
     epsilon: float
     devices: str                 # the device set as the user named it
-    fixed_s: float = 0.0         # a fixed cost per step (``CostTerms.fixed_s``), added to every plan
     # how many problems each peak search (``peak_search.solve_problem``) served, filled as it runs
     peak_searches: Counter = field(default_factory=Counter, compare=False)
 
@@ -56,11 +55,14 @@ class Candidate:
 
 
 def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Sequence[int], label: str = "",
-                         microbatches: int = 1, held_peak: tuple[float, float] | None = None) -> Plan:
+                         microbatches: int = 1, held_peak: tuple[float, float] | None = None,
+                         fixed_s: float | None = None) -> Plan:
     """Price one assignment (configuration index per operator, then per recompute unit; units
     default to keeping their activations) into a :class:`Plan`; its (end-of-forward memory,
     peak) are ``held_peak`` where the search priced them already, in one batch with others,
-    else ``peakmodel.peak_model(problem, ctx.graph, microbatches)``'s."""
+    else ``peakmodel.peak_model(problem, ctx.graph, microbatches)``'s. ``fixed_s``: the fixed
+    cost per step it adds (None: the problem's; a pipeline stage's plan adds none, its
+    pipeline adds it once)."""
     graph, mesh = ctx.graph, problem.mesh
     n_ops = len(graph.operators)
     a = [int(x) for x in assignment]
@@ -130,7 +132,7 @@ def plan_from_assignment(ctx: PlanContext, problem: MeshProblem, assignment: Seq
         ops.append(choice)
     totals["relayout_s"] = float(relayout.sum())
     t, m = total(terms)
-    t += ctx.fixed_s
+    t += problem.fixed_s if fixed_s is None else fixed_s
     m += float(copies.sum())
     if held_peak is None:
         held_peak = build_peak_model(problem, graph, microbatches).evaluate(np.array([a]))[0, 1:]

@@ -81,6 +81,7 @@ class MeshProblem:
     # operator on DTensor (``CostTerms.per_dtensor_op_s``); None where it does not differ
     replicate_time_s: np.ndarray | None = None
     replicate_costs: tuple = ()                   # per operator, its NodeCost in that plan
+    fixed_s: float = 0.0                          # the fixed cost per step (``CostModel.fixed_s``)
 
     @property
     def fsdp_holdings_priced(self) -> bool:
@@ -352,7 +353,7 @@ def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage:
             rep_s, fsdp = None, ()
     return MeshProblem(mesh, zero_stage, tuple(configs), tuple(costs), tuple(units), tuple(input_bytes), cg, tied,
                        activation_factor, accumulates, tuple(edge_transients), _skips(graph), _tied_share(graph),
-                       copies, resaved, recompute_policy, kept_outs, rep, rep_s, tuple(fsdp))
+                       copies, resaved, recompute_policy, kept_outs, rep, rep_s, tuple(fsdp), cost_model.fixed_s)
 
 
 def _resaved_copies(graph: OpGraph, configs, mesh: Mesh, cost_model: CostModel, ahead_of: dict, sigs,

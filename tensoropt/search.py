@@ -173,7 +173,7 @@ def plan_for(model: Any, devices: str | Cluster = "8xA100-80GB", inputs: Sequenc
     training = _training(SearchOptions(precision=precision, optimizer=optimizer), cluster)
     label_devices = devices if isinstance(devices, str) else str(cluster)
     terms = CostTerms.load(calibration) if calibration else CostTerms()
-    ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices, fixed_s=terms.fixed_s)
+    ctx = PlanContext(graph, training, param_signature(module), 0.0, label_devices)
     return setup_plan(ctx, recapture, cluster, setup, cost_models(cluster, training, profile, terms), label=label)
 
 
@@ -208,7 +208,7 @@ def search(graph: OpGraph, signature: str, recapture: Recapture | None, devices:
     terms = CostTerms.load(options.calibration) if options.calibration else CostTerms()
     cost_for = cost_models(cluster, training, options.profile, terms)
     deadline = Deadline(options.time_limit_s, f"{graph.name} on {devices}", start)
-    ctx = PlanContext(graph, training, signature, options.epsilon, label, fixed_s=terms.fixed_s)
+    ctx = PlanContext(graph, training, signature, options.epsilon, label)
 
     # micro-batch counts of gradient accumulation that divide the batch (the model is captured at each)
     counts = accumulation_counts(graph.batch_size, options.accumulate) if recapture is not None else []

@@ -202,5 +202,46 @@ def test_ranks_beyond_the_cores_share_them():
     k = cm.host_share
     assert (b.compute_s, b.forward_s, b.update_s) == pytest.approx((k * a.compute_s, k * a.forward_s, k * a.update_s))
     assert b.comm_s == a.comm_s and b.memory_bytes == a.memory_bytes
+    fixed = dataclasses.replace(cm, terms=CostTerms(fixed_s=0.25))
+    assert fixed.fixed_s == pytest.approx(0.25 * k) and dataclasses.replace(fixed, host_share=1.0).fixed_s == 0.25
     with pytest.raises(ValueError, match="host_share"):
         dataclasses.replace(cm, host_share=0.5)
+
+
+def test_the_fixed_cost_per_step_shares_the_cores_in_a_search(tmp_path):
+    """Searched with only a fixed cost per step, every plan costs its uncalibrated time plus
+    that cost times its ranks per core (the 2-core profile's host: a 4-rank mesh twice it; a
+    pipeline of two 2-rank stages once, a stage counting its own ranks); its features say
+    so, and the terms price each plan as the search did."""
+    import tensoropt
+    from tensoropt.capture import capture
+    from tensoropt.models import example_inputs, get_model
+    from tensoropt.pricing import host_share
+
+    profile = "data/profiles/cpu-2core.json"
+    prof = Profile.load(profile, check_environment=False)
+    path = tmp_path / "terms.json"
+    CostTerms(fixed_s=0.5).save(path)
+    kw = dict(progress=False, max_mesh_dims=1, profile=profile)
+    four = parse_devices("cpu:4")
+
+    def key(p):
+        return (tuple(p.mesh_shape), tuple(o.config for o in p.ops), p.zero_stage, tuple(p.recompute),
+                p.microbatches, tuple(tuple(o.config for o in s.ops) for s in p.stages))
+
+    shares = set()
+    for model in ("mlp-tiny", "gpt-tiny"):
+        plain = {key(p): p for p in tensoropt.frontier(model, "cpu:4", **kw).plans}
+        fixed = tensoropt.frontier(model, "cpu:4", calibration=str(path), **kw).plans
+        graph = capture(get_model(model), tuple(example_inputs(model)), name=model)
+        for p in fixed:
+            share = host_share(prof, mesh_for(tuple(p.mesh_shape[1:] if p.stages else p.mesh_shape), four))
+            if key(p) in plain:
+                shares.add((bool(p.stages), share))
+                assert p.time_s == pytest.approx(plain[key(p)].time_s + 0.5 * share), p.summary
+            if not p.stages:
+                feats = step_features(p, graph, profile)
+                assert feats["one"] == pytest.approx(share)
+                assert CostTerms(fixed_s=0.5).predict(feats) == pytest.approx(p.time_s, rel=1e-9)
+    # plans found by both searches: 4-rank meshes, and pipelines whose stages have a core a rank
+    assert shares == {(False, 4 * prof.machine.threads_per_rank / prof.machine.cpu_count), (True, 1.0)}, shares
