@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .hardware import Device
+from .opgraph import operator_kind
 
 __all__ = ["EfficiencyCurve", "ComputeModel", "default_compute_model", "MATMUL_FAMILIES", "ALIGNED_FAMILIES",
            "ALIGNED_BYTES", "alignment_bytes", "operator_kind", "curve_key"]
@@ -46,15 +47,6 @@ ALIGNED_BYTES = 16
 # dimensions at 250-284. NVIDIA's matrix multiplication guide asks for multiples of 8 FP16
 # elements (16 bytes) for the same reason.
 _GPU_MISALIGNED_EFFICIENCY = {2: 0.17, 4: 0.38, 8: 0.38}
-
-
-def operator_kind(aten) -> str | None:
-    """The kind a curve may be keyed by: the aten name of an operator of one aten op
-    (``("aten.gelu.default",)`` -> ``"gelu"``); None for a fused group."""
-    if len(aten) != 1:
-        return None
-    parts = aten[0].split(".")
-    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
 
 
 def curve_key(family: str, kind: str | None) -> str:

@@ -173,10 +173,7 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     tt = cm.terms
     scale = tt.matmul_scale if op.family in MATMUL_FAMILIES else tt.other_compute_scale
     align = _local_alignment(op, cfg, shape, cm.training.activation_itemsize)
-    kind = operator_kind(op.aten)
-    raw_forward = cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align, kind)
-    raw_backward = cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
-                                     cm.device, dtype, align, kind)
+    raw_forward, raw_backward = _kernels_s(cm, op, ws, local_bytes, dtype, align)
     # the framework's own time per operator (dispatch, autograd), half of it in each pass
     half_overhead = tt.framework_scale * cm.compute.op_overhead_s / 2
     forward = scale * raw_forward + half_overhead
@@ -261,6 +258,31 @@ def _node_cost(cm: CostModel, op: Operator, cfg: OpConfig, mesh: Mesh, owns_para
     share = cm.host_share
     return NodeCost(share * compute, comm, share * forward, p_bytes, g_bytes, o_bytes, act,
                     grad_out + grad_in + fresh + gathered, grad_out, regathered, share * update)
+
+
+def _kernels_s(cm: CostModel, op: Operator, ws: float, local_bytes: float, dtype: str,
+               align: int) -> tuple[float, float]:
+    """(forward, backward) kernel time of ``op`` on one device (``ws``: its work shards,
+    ``local_bytes``: its operands' and output's local bytes). A fused group runs its members
+    one kernel each, as eager PyTorch does, each priced by its own kind's curve on its share
+    of the group's FLOPs and its own bytes, laid out as the group's (pointwise ops and simple
+    reductions: the elementwise curves)."""
+    if not op.members:
+        kind = operator_kind(op.aten)
+        return (cm.compute.time_s(op.family, op.flops_fwd / ws, local_bytes, cm.device, dtype, align, kind),
+                cm.compute.time_s(op.family, op.flops_bwd / ws, _BACKWARD_BYTES_FACTOR * local_bytes,
+                                  cm.device, dtype, align, kind))
+    moved = sum(b for _, b in op.members)
+    whole = sum(s.nbytes for s in op.operands) + op.output.nbytes
+    local = local_bytes / whole if whole else 0.0        # sharding and precision, as the group's
+    fwd = bwd = 0.0
+    for kind, b in op.members:
+        share = b / moved if moved else 1.0 / len(op.members)
+        fwd += cm.compute.time_s("elementwise", op.flops_fwd * share / ws, b * local, cm.device, dtype, align,
+                                 kind or None)
+        bwd += cm.compute.time_s("elementwise", op.flops_bwd * share / ws, _BACKWARD_BYTES_FACTOR * b * local,
+                                 cm.device, dtype, align, kind or None)
+    return fwd, bwd
 
 
 def _axis_transient_bytes(p: int, n: float, h: Placement, w: Placement, is_aligned: bool, on_cpu: bool) -> float:

@@ -27,6 +27,15 @@ FAMILIES = (
 )
 
 
+def operator_kind(aten) -> str | None:
+    """The kind a curve may be keyed by: the aten name of an operator of one aten op
+    (``("aten.gelu.default",)`` -> ``"gelu"``); None for a fused group."""
+    if len(aten) != 1:
+        return None
+    parts = aten[0].split(".")
+    return parts[1] if len(parts) >= 2 and parts[0] == "aten" else parts[0]
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     shape: tuple[int, ...]
@@ -86,6 +95,9 @@ class Operator:
     # over the operators, the views and other calls between operators (a DTensor runner pays
     # DTensor's dispatch on each)
     dispatches: float = 1.0
+    # a fused group's aten ops, which eager PyTorch runs one kernel each: per op, its kind
+    # (:func:`operator_kind`) and the bytes it reads and writes; () for a single op
+    members: tuple[tuple[str, int], ...] = ()
 
     @property
     def terms(self) -> tuple[tuple[str, ...], str]:

@@ -253,7 +253,7 @@ def returned_ops(graph: OpGraph, accumulates: bool = False) -> frozenset[int]:
 def _signature(op: Operator, owns: bool) -> tuple:
     return (op.family, op.equation, op.operands, tuple(p is None for p in op.param_names), op.output,
             op.splittable, op.flops_fwd, op.flops_bwd, op.saved_operands, op.saved_extra_bytes,
-            op.backward_extra_bytes, op.aten, op.dispatches, owns)
+            op.backward_extra_bytes, op.aten, op.dispatches, op.members, owns)
 
 
 def build_problem(graph: OpGraph, mesh: Mesh, cost_model: CostModel, zero_stage: int = 0,

@@ -518,3 +518,40 @@ def test_dispatches_count_the_programs_torch_ops_and_keep_blocks_alike():
     assert len(g.blocks) == 2
     first, second = ([g.operators[i].dispatches for i in b] for b in g.blocks)
     assert first == second
+
+
+def test_a_fused_group_records_its_kernels_and_is_priced_by_them():
+    """Transformers' tanh GELU is one operator of eight aten ops, which eager PyTorch runs as
+    eight kernels: capture records each (its kind, the bytes it reads and writes), and the
+    cost model prices the group as those kernels, each on its own curve, not as one pass
+    over the group's tensors. Single ops record none. Interpolated to another batch, the
+    graph equals a fresh capture there."""
+    import dataclasses
+
+    from tensoropt.capture.recapture import capture_model
+    from tensoropt.costmodel import CostModel
+    from tensoropt.hardware import get_device
+    from tensoropt.mesh import mesh_for, parse_devices
+    from tensoropt.strategy import OpConfig
+
+    model, _ = _hf_tiny("gpt2")
+    ids = torch.randint(0, 128, (8, 32))
+    graph, _, recapture = capture_model(model, {"input_ids": ids, "labels": ids})
+    groups = [o for o in graph.operators if len(o.aten) > 1]
+    assert groups and all(not o.members for o in graph.operators if len(o.aten) == 1)
+    act = next(o for o in groups if o.module.endswith("mlp.act"))
+    assert [k for k, _ in act.members] == [a.split(".")[1] for a in act.aten]
+    out = act.output.nbytes
+    assert all(out <= b <= 3 * out for _, b in act.members)       # each member reads and writes the tensor
+    cm = CostModel(get_device("A100-80GB"))
+    mesh = mesh_for((1,), parse_devices("1xA100-80GB"))
+    cfg = OpConfig((None,))
+    as_kernels = cm.node_cost(act, cfg, mesh).compute_s
+    as_one_pass = cm.node_cost(dataclasses.replace(act, members=()), cfg, mesh).compute_s
+    # each kernel pays at least its curve's per-call overhead and one pass over its bytes
+    assert as_kernels > as_one_pass
+    assert as_kernels >= 2 * len(act.members) * cm.compute.curve("elementwise").overhead_s
+    half = recapture(4)
+    assert recapture.at is not None and half.batch_size == 4
+    interpolated = recapture.at(2)
+    assert interpolated is not None and interpolated == recapture.capture_at(2)

@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from ..opgraph import Edge, TensorSpec
+from ..opgraph import Edge, TensorSpec, operator_kind
 from . import rules as R
 from .probe import ProbeInput, probe, signature
 from .program import Program
@@ -75,6 +75,17 @@ def aten_name(node: fx.Node) -> str:
 
 def _is_float(spec: TensorSpec | None) -> bool:
     return spec is not None and spec.dtype in ("float64", "float32", "float16", "bfloat16")
+
+
+def _kernels(nodes: list[fx.Node]) -> tuple[tuple[str, int], ...]:
+    """``Operator.members`` of a group of compute nodes: () for one node."""
+    if len(nodes) < 2:
+        return ()
+    def nbytes(v) -> int:
+        return sum(t.numel() * t.element_size() for t in (v if isinstance(v, (tuple, list)) else (v,))
+                   if isinstance(t, torch.Tensor))
+    return tuple((operator_kind((aten_name(n),)) or "", nbytes(n.meta.get("val"))
+                  + sum(nbytes(a.meta.get("val")) for a in n.all_input_nodes)) for n in nodes)
 
 
 def module_of(node: fx.Node) -> tuple[str, str, tuple]:
@@ -557,6 +568,7 @@ class Builder:
             output=out_spec, splittable=splittable, flops_fwd=float(ff), flops_bwd=float(fb),
             saved_operands=(), saved_extra_bytes=int(extra), backward_extra_bytes=int(bwd_extra), module=mod,
             module_type=mty, aten=tuple(aten_name(n) for n in members if self.kind[n] == "compute"),
+            members=_kernels([n for n in members if self.kind[n] == "compute"]),
             nodes=tuple(n.name for n in members), operand_nodes=tuple(a.name for a in operands),
             short=short, leaf=bool(mod) and self._module_info(mod, mty)[1]))
         for i, v in enumerate(ovals):

@@ -47,6 +47,12 @@ def _scaled(op: Operator, b1: int, b: int) -> Operator | None:
     return replace(op, operands=tuple(operands), output=output)
 
 
+def _unsized(op: Operator) -> Operator:
+    """``op`` without what grows with the batch by other than its shapes (affine in it)."""
+    return replace(op, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0, backward_extra_bytes=0,
+                   members=tuple((k, 0) for k, _ in op.members))
+
+
 def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | None:
     """``at(b)``: the graph at batch ``b`` (None where a dim would not be whole), or None
     when the two captures do not differ by the batch alone."""
@@ -55,8 +61,7 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
         return None
     for o1, o2 in zip(g1.operators, g2.operators):
         moved = _scaled(o1, b1, b2)
-        if moved is None or replace(o2, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0, backward_extra_bytes=0) != \
-                replace(moved, flops_fwd=0.0, flops_bwd=0.0, saved_extra_bytes=0, backward_extra_bytes=0):
+        if moved is None or _unsized(o2) != _unsized(moved) or len(o1.members) != len(o2.members):
             return None
 
     def affine(v1: float, v2: float, b: int) -> float:
@@ -74,9 +79,12 @@ def interpolator(g1: OpGraph, g2: OpGraph) -> Callable[[int], OpGraph | None] | 
             bwd = affine(o1.backward_extra_bytes, o2.backward_extra_bytes, b)
             if extra < 0 or not float(extra).is_integer() or bwd < 0 or not float(bwd).is_integer():
                 return None
+            members = [(k, affine(m1, m2, b)) for (k, m1), (_, m2) in zip(o1.members, o2.members)]
+            if any(m < 0 or not float(m).is_integer() for _, m in members):
+                return None
             ops.append(replace(op, flops_fwd=affine(o1.flops_fwd, o2.flops_fwd, b),
                                flops_bwd=affine(o1.flops_bwd, o2.flops_bwd, b), saved_extra_bytes=int(extra),
-                               backward_extra_bytes=int(bwd)))
+                               backward_extra_bytes=int(bwd), members=tuple((k, int(m)) for k, m in members)))
         inputs = affine(g1.input_bytes, g2.input_bytes, b)
         if inputs < 0 or not float(inputs).is_integer():
             return None
