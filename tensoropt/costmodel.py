@@ -278,10 +278,9 @@ def _kernels_s(cm: CostModel, op: Operator, ws: float, local_bytes: float, dtype
     fwd = bwd = 0.0
     for kind, b in op.members:
         share = b / moved if moved else 1.0 / len(op.members)
-        fwd += cm.compute.time_s("elementwise", op.flops_fwd * share / ws, b * local, cm.device, dtype, align,
-                                 kind or None)
+        fwd += cm.compute.time_s("elementwise", op.flops_fwd * share / ws, b * local, cm.device, dtype, align, kind)
         bwd += cm.compute.time_s("elementwise", op.flops_bwd * share / ws, _BACKWARD_BYTES_FACTOR * b * local,
-                                 cm.device, dtype, align, kind or None)
+                                 cm.device, dtype, align, kind)
     return fwd, bwd
 
 

@@ -125,7 +125,8 @@ def find_blocks(model: nn.Module, ops: list[Operator], edges: list[Edge]) -> tup
                 out.append((op.family, op.equation, op.operands, op.output, op.splittable,
                             tuple(None if n is None else n.removeprefix(p) for n in op.param_names),
                             op.module.removeprefix(prefixes[b]), op.aten, op.saved_operands,
-                            op.saved_extra_bytes, op.backward_extra_bytes, op.flops_fwd, op.flops_bwd, op.dispatches, op.members,
+                            op.saved_extra_bytes, op.backward_extra_bytes, op.flops_fwd, op.flops_bwd,
+                            op.dispatches, op.members,
                             tuple(sorted(es, key=repr))))
             return out
 

@@ -81,10 +81,11 @@ def _kernels(nodes: list[fx.Node]) -> tuple[tuple[str, int], ...]:
     """``Operator.members`` of a group of compute nodes: () for one node."""
     if len(nodes) < 2:
         return ()
+
     def nbytes(v) -> int:
         return sum(t.numel() * t.element_size() for t in (v if isinstance(v, (tuple, list)) else (v,))
                    if isinstance(t, torch.Tensor))
-    return tuple((operator_kind((aten_name(n),)) or "", nbytes(n.meta.get("val"))
+    return tuple((operator_kind((aten_name(n),)), nbytes(n.meta.get("val"))
                   + sum(nbytes(a.meta.get("val")) for a in n.all_input_nodes)) for n in nodes)
 
 
